@@ -1,0 +1,140 @@
+"""The hardware-swizzle check: what the H200 writes into shared memory, against the model
+and the CuTe algebra, byte for byte, for every mode x element width x 2D/3D box x mechanism.
+
+Each case loads box (1, 1) of a random tensor whose shape is not a multiple of the box
+(so the descriptor's extents are real), through ``cutetma.smem_image``, and compares:
+
+* ``model``:   ``cutetma.swizzle`` placing the same box bytes (``ops.model_image``);
+* ``algebra``: the CuTe layout from ``cutetma.layouts`` placing them (pointer swizzle);
+* every CTA of a multicast / DSM cluster holds the same bytes.
+
+A zero-fill case loads a box that hangs over the tensor's edge: the model image of the box
+with zeros outside the tensor must come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cutetma import layouts as L
+from cutetma import swizzle as hw
+
+NP_DTYPE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+@dataclasses.dataclass(frozen=True)
+class HwCase:
+    mode: str
+    elem_bytes: int
+    rows: int
+    cols: int
+    grouped: bool
+    load: str
+    cluster: int = 1
+    overhang: bool = False  # the box hangs over the tensor edge (TMA zero fill)
+
+    @property
+    def name(self) -> str:
+        kind = "3d" if self.grouped else "2d"
+        tail = f"-c{self.cluster}" if self.cluster > 1 else ""
+        tail += "-oob" if self.overhang else ""
+        box = f"{self.rows}x{self.cols}"
+        return f"{self.mode}-{8 * self.elem_bytes}bit-{kind}-{box}-{self.load}{tail}"
+
+
+def hardware_cases(quick: bool = False) -> list[HwCase]:
+    cases = []
+    for mode, m in hw.MODES.items():
+        for w in (1, 2, 4):
+            span = m.span if m.bits else 128
+            boxes = [(8, 16 // w), (64, span // w), (256, span // w)]
+            if not m.bits:
+                boxes.append((16, 256))  # widest legal inner box without swizzle
+            if quick:
+                boxes = boxes[1:2]
+            for rows, cols in boxes:
+                for load in ("tma", "cp_async"):
+                    cases.append(HwCase(mode, w, rows, cols, False, load))
+                cases.append(HwCase(mode, w, rows, cols, False, "tma", overhang=True))
+            if m.bits:
+                g = m.span // w
+                for rows, groups in ([(16, 2)] if quick else [(16, 2), (64, 4)]):
+                    for load in ("tma", "cp_async"):
+                        cases.append(HwCase(mode, w, rows, groups * g, True, load))
+            if w == 2 or not quick:
+                for cluster in (2, 4):
+                    cases.append(HwCase(mode, w, 64, span // w, False, "tma_multicast", cluster))
+                    cases.append(HwCase(mode, w, 64, span // w, False, "dsm", cluster))
+    return cases
+
+
+def _algebra_image(case: HwCase, box: np.ndarray) -> np.ndarray:
+    """Place the box bytes where the CuTe layout says (pointer reading of the swizzle)."""
+    w = case.elem_bytes
+    if case.grouped:
+        g = hw.group_size(w, case.mode)
+        spec = L.cute_layout("grouped", case.mode, w, case.rows, case.cols // g)
+    else:
+        spec = L.cute_layout("box", case.mode, w, case.rows, case.cols)
+    r, c = np.meshgrid(np.arange(case.rows), np.arange(case.cols), indexing="ij")
+    offsets = L.placement(spec, w, (r, c), "pointer")
+    out = np.zeros(box.size * w, dtype=np.uint8)
+    out[offsets.reshape(-1, 1) + np.arange(w)] = box.reshape(-1).view(np.uint8).reshape(-1, w)
+    return out
+
+
+def run_case(case: HwCase, seed: int = 0) -> dict:
+    import torch
+
+    from cutetma import ops
+
+    w = case.elem_bytes
+    gen = torch.Generator().manual_seed(seed)
+    # 2 full boxes + a remainder each way, so tile (1, 1) is inside; the row stride is padded
+    # to 16 bytes, as TMA needs
+    rows_total = 2 * case.rows + 3
+    cols_total = 2 * case.cols + 16 // w
+    if case.overhang:
+        rows_total = case.rows + case.rows // 2 + 1
+        cols_total = case.cols + max(16 // w, case.cols // 2)
+    pitch = -(-cols_total * w // 16) * 16 // w
+    raw = torch.randint(0, 256, (rows_total, pitch * w), generator=gen, dtype=torch.uint8)
+    host = raw.view(ops._WIDTH_VIEW[w])[:, :cols_total]
+    x = host.cuda()
+    image = ops.smem_image(x, (case.rows, case.cols), swizzle=case.mode, load=case.load,
+                           tile=(1, 1), grouped=case.grouped, cluster=case.cluster)
+    images = image.reshape(-1, image.shape[-1]).cpu().numpy()
+
+    box = np.zeros((case.rows, case.cols), dtype=NP_DTYPE[w])
+    src = host.numpy().view(NP_DTYPE[w])[case.rows:2 * case.rows, case.cols:2 * case.cols]
+    box[:src.shape[0], :src.shape[1]] = src  # zeros where the box hangs over the edge
+    model = ops.model_image(box, case.mode, case.grouped)
+    algebra = _algebra_image(case, box)
+    row = dataclasses.asdict(case)
+    row.update(
+        name=case.name,
+        box_bytes=int(model.size),
+        matches_model=bool(all(np.array_equal(im, model) for im in images)),
+        matches_algebra=bool(all(np.array_equal(im, algebra) for im in images)),
+        ctas_identical=bool(all(np.array_equal(im, images[0]) for im in images)),
+        mismatched_bytes=int(max(np.count_nonzero(im != model) for im in images)),
+    )
+    row["match"] = row["matches_model"] and row["matches_algebra"] and row["ctas_identical"]
+    return row
+
+
+def run(cases=None, progress=None) -> list[dict]:
+    cases = cases if cases is not None else hardware_cases()
+    rows = []
+    for i, case in enumerate(cases):
+        try:
+            rows.append(run_case(case, seed=i))
+        except Exception as exc:  # a case that cannot run is a failed case, with its reason
+            row = dataclasses.asdict(case)
+            row.update(name=case.name, match=False, error=f"{type(exc).__name__}: {exc}"[:500])
+            rows.append(row)
+        if progress:
+            progress(i + 1, len(cases), rows[-1])
+    return rows

@@ -1,0 +1,91 @@
+"""Kernels, one file per family; each a class with a frozen config. This module compiles
+them for sm_90a against fake tensors (no GPU needed), once per configuration, for the PTX
+tests and ``cutetma tour``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+PTX_OPS = re.compile(
+    r"(cp\.async\.bulk\.tensor\.\dd\.[\w:.]+|cp\.async\.bulk\.(?:commit|wait)_group[\w.]*|"
+    r"cp\.async\.c[ag]\.shared\.global|cp\.async\.mbarrier\.arrive\.noinc|"
+    r"mapa\.shared::cluster|ld\.shared::cluster|wgmma\.mma_async[\w.]*|setmaxnreg\.\w+)"
+)
+
+
+def gpu_unavailable() -> str | None:
+    """Why no Hopper GPU can run kernels here, or None if one can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0):
+        return f"the GPU is sm_{cc[0]}{cc[1]}, not Hopper (sm_90)"
+    return None
+
+
+def ptx_ops(ptx: str) -> list[str]:
+    """The distinct data-movement / MMA instructions in a PTX text, in first-seen order."""
+    return list(dict.fromkeys(m.group(0) for m in PTX_OPS.finditer(ptx)))
+
+
+def fake_matrix(elem_bytes: int):
+    """A (rows, cols) row-major tensor of dynamic shape whose row stride is known to be a
+    multiple of 16 bytes and whose base is 16-byte aligned: what TMA needs."""
+    from cutetma import dsl
+    from cutetma.kernels.tile_copy import cute_dtype
+
+    _, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_tensor
+
+    div = 16 // elem_bytes
+    shape = (cute.sym_int32(), cute.sym_int32(divisibility=div))
+    return make_fake_tensor(cute_dtype(elem_bytes), shape, (cute.sym_int64(divisibility=div), 1),
+                            assumed_align=16)
+
+
+@functools.cache
+def compile_probe(cfg):
+    from cutetma import dsl
+    from cutetma.kernels.tile_copy import SmemProbe
+
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    out = make_fake_compact_tensor(cutlass.Uint8, (cfg.cluster, cfg.box_bytes))
+    return dsl.compile_ptx(SmemProbe(cfg), fake_matrix(cfg.elem_bytes), out,
+                           cutlass.Int32(0), cutlass.Int32(0), make_fake_stream())
+
+
+@functools.cache
+def compile_round_trip(elem_bytes: int, swizzle: str, rows: int, cols: int):
+    from cutlass.cute.runtime import make_fake_stream
+
+    from cutetma import dsl
+    from cutetma.kernels.tile_copy import TmaRoundTrip
+
+    return dsl.compile_ptx(TmaRoundTrip(elem_bytes, swizzle, rows, cols),
+                           fake_matrix(elem_bytes), fake_matrix(elem_bytes), make_fake_stream())
+
+
+def showcase_configs():
+    from cutetma.kernels.tile_copy import ProbeConfig
+
+    return {
+        "probe tma 2d 128B": ProbeConfig(2, "128B", 64, 64),
+        "probe tma 3d grouped 128B": ProbeConfig(2, "128B", 16, 128, grouped=True),
+        "probe cp.async 128B": ProbeConfig(2, "128B", 64, 64, load="cp_async"),
+        "probe tma multicast x2": ProbeConfig(2, "128B", 64, 64, load="tma_multicast", cluster=2),
+        "probe dsm broadcast x2": ProbeConfig(2, "128B", 64, 64, load="dsm", cluster=2),
+    }
+
+
+def compile_showcase():
+    shown = [(name, ptx_ops(compile_probe(cfg).ptx)) for name, cfg in showcase_configs().items()]
+    shown.append(("round trip tma load+store", ptx_ops(compile_round_trip(2, "128B", 64, 64).ptx)))
+    return shown

@@ -1,0 +1,61 @@
+"""Results files: ``benchmarks/results/<name>.json`` = ``{"meta": {...}, "rows": [...]}``.
+
+``meta`` records what a reader needs to trust or reproduce a number: device, clocks, torch
+and cutlass-dsl versions, date and the command that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _clocks() -> dict:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,"
+             "power.draw", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()[0]
+        keys = ("sm_clock", "sm_clock_max", "mem_clock", "temperature", "power")
+        return dict(zip(keys, (v.strip() for v in out.split(",")), strict=False))
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+
+
+def meta(command: str | None = None) -> dict:
+    import torch
+
+    try:
+        from importlib.metadata import version
+
+        dsl_version = version("nvidia-cutlass-dsl")
+    except Exception:  # the H200 bundle is on PYTHONPATH, not pip-installed
+        try:
+            import cutlass
+
+            dsl_version = getattr(cutlass, "__version__", "unknown")
+        except ImportError:
+            dsl_version = "not installed"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {
+        "device": device,
+        "clocks": _clocks(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cutlass_dsl": dsl_version,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def write(name: str, rows: list[dict], directory: str | Path = "benchmarks/results",
+          command: str | None = None, extra_meta: dict | None = None) -> Path:
+    path = Path(directory) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": {**meta(command), **(extra_meta or {})}, "rows": rows}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
