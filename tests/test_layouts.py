@@ -90,3 +90,15 @@ def test_layoutspec_reads_cute_hierarchical_modes():
     coords = [(0, 0), (23, 31), (9, 17), (16, 5)]
     ours = L.placement(spec, 1, ([c[0] for c in coords], [c[1] for c in coords]), "layout")
     assert list(ours) == L.cute_evaluate("grouped", "64B", 4, (24, 2), coords)
+
+
+def test_dense_narrow_box_is_not_what_the_hardware_writes():
+    """The DSL accepts a densely packed narrow swizzled box for a TMA atom; the hardware
+    gives each row a whole span, so that layout misplaces bytes (the ``box`` layout does not)."""
+    case = L.Case("box", "128B", 2, (16, 32))
+    model = L.model_offsets(case)
+    dense = L.cute_layout("box_dense", "128B", 2, 16, 32)
+    pitched = L.cute_layout("box", "128B", 2, 16, 32)
+    grid = L._grid(case)
+    assert not np.array_equal(L.placement(dense, 2, grid), model)
+    assert np.array_equal(L.placement(pitched, 2, grid), model)

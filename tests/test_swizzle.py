@@ -106,3 +106,15 @@ def test_unknown_mode_and_dtype():
         hw.mode("96B")
     with pytest.raises(ValueError, match="unknown dtype"):
         hw.dtype_bytes("fp12")
+
+
+def test_narrow_swizzled_box_rows_take_a_whole_span():
+    """Measured on the H200: a 128B-swizzled box of 32-byte rows puts its rows 128 B apart."""
+    offs = hw.smem_byte_offsets((8, 16), 2, "128B")
+    assert hw.box_row_pitch(32, "128B") == 128
+    assert hw.box_smem_bytes((8, 16), 2, "128B") == 8 * 128
+    assert list(offs[:, 0]) == [r * 128 + 16 * (r % 8 & 0b111) for r in range(8)]
+    assert offs.max() < 8 * 128 and offs.max() >= 8 * 32
+    dense = hw.smem_byte_offsets((8, 16), 2, "128B", row_pitch=32)
+    assert not np.array_equal(dense, offs)
+    assert hw.box_row_pitch(32, "none") == 32  # no swizzle: rows stay packed

@@ -181,9 +181,18 @@ def _tma_box_cute(m: hw.SwizzleMode, elem_bytes: int, rows: int, cols: int):
     _, cute = dsl.cutlass()
     if m.bits and cols * elem_bytes == m.span:
         return cute.tile_to_shape(_atom(atom_kind(m.name), elem_bytes), (rows, cols), (0, 1))
-    row_major = cute.make_ordered_layout((rows, cols), order=(1, 0))
     if not m.bits:
-        return row_major
+        return cute.make_ordered_layout((rows, cols), order=(1, 0))
+    # narrower than the span: the hardware gives every row a whole span (measured)
+    pitched = cute.make_layout((rows, cols), stride=(m.span // elem_bytes, 1))
+    return cute.make_composed_layout(cute.make_swizzle(m.bits, 4, 3), 0, pitched)
+
+
+def _dense_box_cute(m: hw.SwizzleMode, elem_bytes: int, rows: int, cols: int):
+    """Row-major, rows packed densely, with the mode's swizzle: the layout the DSL accepts for
+    a narrow TMA box (and issues as one box) but the hardware does not write."""
+    _, cute = dsl.cutlass()
+    row_major = cute.make_ordered_layout((rows, cols), order=(1, 0))
     return cute.make_composed_layout(cute.make_swizzle(m.bits, 4, 3), 0, row_major)
 
 
@@ -198,7 +207,12 @@ def _mn_major_cute(m: hw.SwizzleMode, elem_bytes: int, mn: int, k: int):
     return cute.tile_to_shape(_atom(atom_kind(m.name, "MN"), elem_bytes), (mn, k), (0, 1))
 
 
-LAYOUT_BUILDERS = {"box": _tma_box_cute, "grouped": _grouped_cute, "mn_major": _mn_major_cute}
+LAYOUT_BUILDERS = {
+    "box": _tma_box_cute,
+    "box_dense": _dense_box_cute,
+    "grouped": _grouped_cute,
+    "mn_major": _mn_major_cute,
+}
 
 
 def cute_layout(kind: str, swizzle_mode: str, elem_bytes: int, *extent: int) -> LayoutSpec:
@@ -206,8 +220,10 @@ def cute_layout(kind: str, swizzle_mode: str, elem_bytes: int, *extent: int) -> 
 
     * ``box`` (rows, cols): a 2D TMA box, cols contiguous. A box as wide as the swizzle span
       is the DSL's K-major atom tiled down the rows (``tile_to_shape``), the layout the GEMM
-      stages use; a narrower legal box is row-major composed with the mode's byte swizzle;
-      no swizzle is plain row-major.
+      stages use; a narrower legal box is rows one span apart composed with the mode's byte
+      swizzle (what the hardware writes); no swizzle is plain row-major.
+    * ``box_dense``: a narrow swizzled box packed densely: what the DSL accepts, not what
+      the hardware writes (kept to show the difference).
     * ``grouped`` (rows, groups): a (rows, groups * G) slice loaded as one 3D box
       (groups, rows, G): the K-major atom tiled rows first, then groups, so each span-wide
       group is a dense block of all rows, the chapter's 3D TMA.
@@ -215,7 +231,7 @@ def cute_layout(kind: str, swizzle_mode: str, elem_bytes: int, *extent: int) -> 
       contiguous; its TMA box is (k rows, mn cols).
     """
     m = hw.mode(swizzle_mode)
-    if kind == "box":
+    if kind in ("box", "box_dense"):
         hw.check_box(extent, elem_bytes, m)
     builder = LAYOUT_BUILDERS[kind]
     return dsl.on_host(lambda: _spec_from_cute(builder(m, elem_bytes, *extent)))

@@ -102,7 +102,7 @@ def smem_image(x: torch.Tensor, box, *, swizzle: str = "128B", load: str = "tma"
 
     from cutetma.kernels.tile_copy import SmemProbe
 
-    out = torch.full((cfg.cluster, cfg.box_bytes), 0xA5, dtype=torch.uint8, device=x.device)
+    out = torch.full((cfg.cluster, cfg.smem_bytes), 0x5A, dtype=torch.uint8, device=x.device)
     args = (_cute_tensor(x), _cute_tensor(out), tr, tc, _stream())
     _compiled(("probe", cfg), lambda: SmemProbe(cfg), *args)(*args)
     return out if cfg.cluster > 1 else out[0]

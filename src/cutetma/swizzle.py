@@ -7,8 +7,15 @@ writes (``cutetma.copy`` probe kernels) on the GPU.
 What flows where::
 
     box (rows x cols elements, dtype width w)      -- logical, row-major, inner dim = cols
-      -> dense byte offset  o = (r * cols + c) * w  -- how TMA packs a box in shared memory
+      -> byte offset  o = r * pitch + c * w         -- how TMA lays a box in shared memory
       -> Swizzle<B,4,3>(base + o) - base            -- the XOR the TMA unit applies on write
+
+``pitch`` is the inner box in bytes, except that a swizzled box narrower than its swizzle
+span gets a full span per row: measured on the H200 (``benchmarks/results/hw_swizzle.json``,
+the ``*-2d-8x*`` rows), the rows of such a box land ``span`` bytes apart and the rest of each
+span is left untouched. A layout that packs those rows densely (which the CuTe DSL accepts
+for a TMA atom, issuing one box) disagrees with what the hardware writes, and a buffer sized
+for it overflows.
 
 The four TMA swizzle modes are byte-address swizzles ``Swizzle<B, 4, 3>``: bits ``[4, 4+B)``
 (the 16-byte sector inside a span) are XORed with bits ``[7, 7+B)`` (which 128-byte row of
@@ -221,6 +228,19 @@ def check_box(
 
 
 # --------------------------------------------------------------------------- placement
+def box_row_pitch(inner_bytes: int, swizzle: str | SwizzleMode) -> int:
+    """Bytes between consecutive rows of a box in shared memory, as the hardware lays them:
+    a swizzled row takes at least one whole span (measured on the H200)."""
+    m = mode(swizzle)
+    return max(inner_bytes, m.span) if m.bits else inner_bytes
+
+
+def box_smem_bytes(box: Sequence[int], elem_bytes: int, swizzle: str | SwizzleMode) -> int:
+    """Shared-memory footprint of a TMA box: every row (all outer dims) at its pitch."""
+    box = tuple(box)
+    return math.prod(box[:-1]) * box_row_pitch(box[-1] * elem_bytes, swizzle)
+
+
 def box_byte_offsets(box: Sequence[int], elem_bytes: int) -> np.ndarray:
     """Dense (unswizzled) byte offset of every element of a box, indexed like the box."""
     box = tuple(box)
@@ -229,17 +249,27 @@ def box_byte_offsets(box: Sequence[int], elem_bytes: int) -> np.ndarray:
 
 
 def smem_byte_offsets(
-    box: Sequence[int], elem_bytes: int, swizzle: str | SwizzleMode, smem_base: int = 0
+    box: Sequence[int],
+    elem_bytes: int,
+    swizzle: str | SwizzleMode,
+    smem_base: int = 0,
+    row_pitch: int | None = None,
 ) -> np.ndarray:
     """Byte offset (from ``smem_base``) at which TMA writes element ``box[idx]``.
 
     ``smem_base`` defaults to an atom-aligned buffer. A misaligned base is allowed here, so
     the model can show what a misaligned buffer would see; ``check_box`` refuses it.
+    ``row_pitch`` (bytes) overrides the hardware's row pitch (``box_row_pitch``): pass the
+    inner box bytes to see the dense packing the hardware does *not* do for narrow boxes.
     """
     m = mode(swizzle)
     check_box(box, elem_bytes, m)
-    dense = box_byte_offsets(box, elem_bytes) + smem_base
-    return m.swizzle(dense) - smem_base
+    dense = box_byte_offsets(box, elem_bytes)
+    inner = box[-1] * elem_bytes
+    pitch = box_row_pitch(inner, m) if row_pitch is None else row_pitch
+    if pitch != inner:
+        dense = (dense // inner) * pitch + dense % inner
+    return m.swizzle(dense + smem_base) - smem_base
 
 
 def smem_image(data: np.ndarray, swizzle: str | SwizzleMode, smem_base: int = 0) -> np.ndarray:
@@ -250,7 +280,7 @@ def smem_image(data: np.ndarray, swizzle: str | SwizzleMode, smem_base: int = 0)
     data = np.ascontiguousarray(data)
     w = data.dtype.itemsize
     offsets = smem_byte_offsets(data.shape, w, swizzle, smem_base)
-    out = np.zeros(data.size * w, dtype=np.uint8)
+    out = np.zeros(box_smem_bytes(data.shape, w, swizzle), dtype=np.uint8)
     src = data.reshape(-1).view(np.uint8).reshape(-1, w)
     idx = offsets.reshape(-1, 1) + np.arange(w)
     out[idx] = src
@@ -263,10 +293,11 @@ def sector_map(
     """For a 2D box: physical (row, sector) of every logical 16-byte sector.
 
     Returns two ``(rows, cols * elem_bytes // 16)`` integer arrays. A physical row is one
-    ``cols * elem_bytes``-byte row of the box image, a sector its 16-byte slot in that row.
+    row pitch of shared memory (``box_row_pitch``: a whole span for a narrow swizzled box),
+    a sector its 16-byte slot in that row.
     """
-    row_bytes = cols * elem_bytes
-    sectors = row_bytes // SECTOR_BYTES
+    row_bytes = box_row_pitch(cols * elem_bytes, swizzle)
+    sectors = cols * elem_bytes // SECTOR_BYTES
     offs = smem_byte_offsets((rows, cols), elem_bytes, swizzle)
     # first element of every 16-byte sector
     per = SECTOR_BYTES // elem_bytes

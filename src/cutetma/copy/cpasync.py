@@ -35,3 +35,15 @@ def tiled_copy(dtype, rows: int, cols: int, num_threads: int):
     thr_layout = cute.make_ordered_layout((thr_rows, per_row), order=(1, 0))
     val_layout = cute.make_layout((1, vec))
     return cute.make_tiled_copy_tv(atom, thr_layout, val_layout), thr_rows * per_row
+
+
+def aligned_rows(gmem):
+    """The same (rows, cols) tensor with its row stride declared a multiple of 16 bytes.
+
+    A dynamic stride carries no divisibility, so a tile's start would look 1-element aligned
+    and 16-byte cp.async would be refused; the host validated the stride (``cutetma.ops``).
+    """
+    vec = VECTOR_BYTES * 8 // gmem.element_type.width
+    stride = cute.assume(gmem.stride[0], divby=vec)
+    layout = cute.make_layout(gmem.shape, stride=(stride, 1))
+    return cute.make_tensor(gmem.iterator, layout)

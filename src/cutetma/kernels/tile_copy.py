@@ -91,6 +91,14 @@ class ProbeConfig:
         return self.rows * self.cols * self.elem_bytes
 
     @property
+    def smem_bytes(self) -> int:
+        """Bytes the box takes in shared memory (allocated, poisoned and dumped by the probe):
+        a swizzled box narrower than its span takes a whole span per row."""
+        if self.grouped:
+            return self.box_bytes
+        return hw.box_smem_bytes((self.rows, self.cols), self.elem_bytes, self.swizzle)
+
+    @property
     def group(self) -> int:
         return hw.group_size(self.elem_bytes, self.swizzle) if self.grouped else self.cols
 
@@ -105,18 +113,29 @@ class ProbeConfig:
 
 def smem_box_layouts(cfg: ProbeConfig):
     """``(swizzle, layout_2d, layout_tma, tma_tiler)``: the box's shared-memory layout as
-    (rows, cols) and as the TMA sees it (3D ``(groups, rows, G)`` when grouped)."""
+    (rows, cols) and as the TMA descriptor is built from it (3D ``(groups, rows, G)`` when
+    grouped).
+
+    A swizzled box narrower than its span is the one case where the two differ: the
+    hardware gives each row a whole span, so ``layout_2d`` (what cp.async writes through) is
+    pitched; built from that layout the DSL would issue one TMA per row, so the descriptor is
+    built from the dense layout instead: one box, which the hardware lays out pitched.
+    """
     m = hw.mode(cfg.swizzle)
     sw = cute.make_swizzle(m.bits, 4, 3)
     dtype = cute_dtype(cfg.elem_bytes)
+    dense = cute.make_ordered_layout((cfg.rows, cfg.cols), order=(1, 0))
     if m.bits and cfg.group * cfg.elem_bytes == m.span:
         from cutlass.cute.nvgpu import warpgroup
 
         kind = getattr(warpgroup.SmemLayoutAtomKind, f"K_SW{m.span}")
         atom = warpgroup.make_smem_layout_atom(kind, dtype)
         layout_2d = cute.tile_to_shape(atom, (cfg.rows, cfg.cols), (0, 1)).outer
+    elif m.bits:
+        layout_2d = cute.make_layout((cfg.rows, cfg.cols), stride=(m.span // cfg.elem_bytes, 1))
+        return sw, layout_2d, dense, (cfg.rows, cfg.cols)
     else:
-        layout_2d = cute.make_ordered_layout((cfg.rows, cfg.cols), order=(1, 0))
+        layout_2d = dense
     if cfg.grouped:
         g = cfg.group
         layout_tma = cute.make_layout((cfg.groups, cfg.rows, g), stride=(cfg.rows * g, g, 1))
@@ -171,12 +190,16 @@ class SmemProbe:
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
 
         smem = cutlass.memory.SmemAllocator()
-        raw = smem.allocate_array(cutlass.Uint8, cfg.box_bytes, byte_alignment=cfg.smem_alignment)
+        raw = smem.allocate_array(cutlass.Uint8, cfg.smem_bytes, byte_alignment=cfg.smem_alignment)
         bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
         typed = cute.recast_ptr(raw, swizzle_=sw, dtype=dtype)
         sX_tma = cute.make_tensor(typed, layout_tma)
         sX_2d = cute.make_tensor(typed, layout_2d)
-        sRaw = cute.make_tensor(raw, cute.make_layout(cfg.box_bytes))
+        sRaw = cute.make_tensor(raw, cute.make_layout(cfg.smem_bytes))
+        # Poison: a byte nobody loads keeps 0xA5, so the dump shows exactly what was written.
+        for j in cutlass.range(cfg.smem_bytes // THREADS):
+            sRaw[j * THREADS + tidx] = cutlass.Uint8(0xA5)
+        cute.arch.fence_view_async_shared()  # generic stores before async-proxy (TMA) writes
 
         loader = loaders.make_loader("cp_async" if cfg.load == "cp_async" else (
             "tma_multicast" if cfg.load == "tma_multicast" else "tma"), cfg.cluster)
@@ -187,7 +210,7 @@ class SmemProbe:
         self._cluster_sync()  # every CTA's barrier is live before anyone's multicast lands
 
         if cutlass.const_expr(cfg.load == "cp_async"):
-            gX = cute.local_tile(mX, (cfg.rows, cfg.cols), (tile_r, tile_c))
+            gX = cute.local_tile(cpa.aligned_rows(mX), (cfg.rows, cfg.cols), (tile_r, tile_c))
             tiled, used = cpa.tiled_copy(dtype, cfg.rows, cfg.cols, THREADS)
             if tidx < used:
                 thr = tiled.get_slice(tidx)
@@ -195,7 +218,7 @@ class SmemProbe:
             loader.commit(bar)
         else:
             if cutlass.const_expr(cfg.grouped):
-                gT = cute.local_tile(mT, tiler, (tile_c * cfg.groups, tile_r, 0))
+                gT = cute.local_tile(mT, tiler, (tile_c, tile_r, 0))
             else:
                 gT = cute.local_tile(mT, tiler, (tile_r, tile_c))
             if warp == 0:
@@ -215,7 +238,7 @@ class SmemProbe:
             cute.arch.mbarrier_wait(bar, 0)
             cute.arch.sync_threads()
 
-        for j in cutlass.range(cfg.box_bytes // THREADS):
+        for j in cutlass.range(cfg.smem_bytes // THREADS):
             i = j * THREADS + tidx
             out[rank, i] = sRaw[i]
         self._cluster_sync()  # no CTA leaves while a peer may still read or write its memory
@@ -242,7 +265,7 @@ class SmemProbe:
         words = cute.recast_ptr(raw, dtype=cutlass.Int32)
         remote = cute.arch.map_dsmem_ptr(words, 0)
         tidx, _, _ = cute.arch.thread_idx()
-        for j in cutlass.range(self.cfg.box_bytes // 4 // THREADS):
+        for j in cutlass.range(self.cfg.smem_bytes // 4 // THREADS):
             i = j * THREADS + tidx
             (words + i).store((remote + i).load())
 
@@ -270,7 +293,7 @@ class TmaRoundTrip:
         bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         smem = cutlass.memory.SmemAllocator()
-        raw = smem.allocate_array(cutlass.Uint8, cfg.box_bytes, byte_alignment=cfg.smem_alignment)
+        raw = smem.allocate_array(cutlass.Uint8, cfg.smem_bytes, byte_alignment=cfg.smem_alignment)
         bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
         sX = cute.make_tensor(cute.recast_ptr(raw, swizzle_=sw, dtype=cute_dtype(cfg.elem_bytes)),
                               layout_2d)

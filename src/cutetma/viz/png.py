@@ -122,16 +122,20 @@ def plot_swizzle_map(mode, dtype, rows: int, cols: int, path) -> Path:
     physical_row, physical_sector = swizzle.sector_map(rows, cols, elem_bytes, m)
     sectors = physical_sector.shape[1]
     logical = np.broadcast_to(np.arange(sectors), (rows, sectors))
-    # Rows narrower than the span can be swizzled past the last box row: size the image for it.
+    # A box narrower than the swizzle span still takes a whole span per row in shared memory.
     image_rows = max(rows, int(physical_row.max()) + 1)
-    image = np.full((image_rows, sectors), -1)
+    image_sectors = max(sectors, int(physical_sector.max()) + 1)
+    image = np.full((image_rows, image_sectors), -1)
     image[physical_row, physical_sector] = logical
 
-    cell = min(MAX_CELL_INCHES, 5.5 / image_rows, 5.0 / sectors)
+    cell = min(MAX_CELL_INCHES, 5.5 / image_rows, 5.0 / image_sectors)
     fig, (left, right) = plt.subplots(
         1,
         2,
-        figsize=(max(MIN_WIDTH_INCHES, 2 * sectors * cell + 1.6), image_rows * cell + 1.5),
+        figsize=(
+            max(MIN_WIDTH_INCHES, (sectors + image_sectors) * cell + 1.6),
+            image_rows * cell + 1.5,
+        ),
         layout="constrained",
     )
     per_sector = swizzle.SECTOR_BYTES // elem_bytes
@@ -147,7 +151,7 @@ def plot_swizzle_map(mode, dtype, rows: int, cols: int, path) -> Path:
     _draw_sectors(
         right,
         image,
-        sectors,
+        sectors,  # colours follow the logical sector, as on the left
         cell,
         title="shared memory (as TMA writes it)",
         xlabel="physical 16-B sector",

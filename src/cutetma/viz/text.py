@@ -22,9 +22,9 @@ def conflict_summary(report: swizzle.BankReport) -> str:
 def sector_grid(physical_rows: np.ndarray, physical_sectors: np.ndarray) -> str:
     """A table with one line per box row: where each logical 16-byte sector lands.
 
-    A cell is the physical sector when the sector stays in its row (every 2D box whose rows
-    are at least one swizzle span wide) and ``row:sector`` when the XOR moved it to another
-    row too (rows narrower than the span).
+    A cell is the physical sector when the sector stays in its row (every TMA box: the
+    hardware gives a narrow swizzled row a whole span) and ``row:sector`` when a placement
+    moved it to another row.
     """
     rows, sectors = physical_sectors.shape
     logical_rows = np.arange(rows)[:, None]

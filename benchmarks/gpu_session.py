@@ -1,0 +1,67 @@
+"""One GPU session on the H200: checks first, then timings; everything lands under $OUT.
+
+    source .gpu/prelude.sh && python benchmarks/gpu_session.py [--quick] [--only STEP ...]
+
+Steps: ``hardware`` (the hardware-swizzle check -> hw_swizzle.json), ``tests`` (pytest -m gpu,
+in this process so compiled kernels are shared), then any benchmark steps. A short table
+is printed last; logs and JSON go to $OUT (or ./gpu_out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(os.environ.get("OUT", "gpu_out"))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_hardware(args):
+    from cutetma import cli
+
+    rc = cli.main(["swizzle", "hardware", "--out", str(OUT)] + (["--quick"] if args.quick else []))
+    return f"hardware swizzle check rc={rc}"
+
+
+def step_tests(args):
+    import pytest
+
+    targets = args.pytest or [str(ROOT / "tests")]
+    rc = pytest.main(["-m", "gpu", "-q", "-x" if args.quick else "-q", "-p", "no:cacheprovider",
+                      f"--junitxml={OUT / 'pytest_gpu.xml'}", *targets])
+    return f"pytest -m gpu rc={int(rc)}"
+
+
+STEPS = {"hardware": step_hardware, "tests": step_tests}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="*", default=list(STEPS))
+    ap.add_argument("--pytest", nargs="*", default=None, help="pytest targets for the tests step")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for name in args.only:
+        t0 = time.time()
+        print(f"\n===== {name}", flush=True)
+        try:
+            summary.append(f"{name}: {STEPS[name](args)} ({time.time() - t0:.0f} s)")
+        except Exception as exc:  # keep going: one broken step must not cost the others
+            import traceback
+
+            traceback.print_exc()
+            summary.append(f"{name}: FAILED {type(exc).__name__}: {exc} ({time.time() - t0:.0f} s)")
+    print("\n===== summary")
+    print("\n".join(summary))
+    for f in (ROOT / "benchmarks" / "results").glob("*.png"):
+        shutil.copy(f, OUT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
