@@ -36,7 +36,14 @@ def step_tests(args):
     return f"pytest -m gpu rc={int(rc)}"
 
 
-STEPS = {"hardware": step_hardware, "tests": step_tests}
+def step_gemm_bench(args):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gemm
+
+    return f"gemm benchmark rc={gemm.main(['--out', str(OUT)] + (['--quick'] if args.quick else []))}"
+
+
+STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench}
 
 
 def main():

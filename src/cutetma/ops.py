@@ -135,3 +135,159 @@ def model_image(box_data: np.ndarray, swizzle: str, grouped: bool = False) -> np
     src = box_data.reshape(-1).view(np.uint8).reshape(-1, w)
     out[offsets.reshape(-1, 1) + np.arange(w)] = src
     return out
+
+
+# =========================================================================== GEMM
+GEMM_DTYPES = (torch.float16, torch.bfloat16)
+GEMM_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ALIGN_ELEMS = 8  # 16 bytes of fp16 / bf16
+
+
+def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tensor:
+    """``x`` (rows, k) as TMA needs it: one unit-stride dimension, the other stride and the
+    base 16-byte aligned. A contiguous-but-misaligned operand (k % 8 != 0, an offset view) is
+    copied into a zero-padded aligned buffer when ``allow_copy``, else refused."""
+    if x.stride(1) == 1 and x.shape[1] > 0:
+        lead = 0
+    elif x.stride(0) == 1 and x.shape[0] > 0:
+        lead = 1
+    else:
+        raise ValueError(f"{name}: one dimension must have stride 1 (strides {tuple(x.stride())}"
+                         f"); call .contiguous()")
+    outer_stride = x.stride(lead) * x.element_size()
+    ok = outer_stride % 16 == 0 and x.data_ptr() % 16 == 0
+    if ok:
+        return x
+    if not allow_copy:
+        hw.check_box((1, 8), 2, "none", global_strides_bytes=(outer_stride,),
+                     global_base=x.data_ptr())
+    rows, k = x.shape
+    k_pad = -(-k // _ALIGN_ELEMS) * _ALIGN_ELEMS
+    padded = torch.zeros(rows, k_pad, dtype=x.dtype, device=x.device)
+    padded[:, :k] = x
+    return padded
+
+
+def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    mechanism = "cp_async" if load == "cp_async" else "tma"
+    if load not in ("tma", "tma_multicast", "cp_async"):
+        raise ValueError(f"load={load!r}: choose 'tma', 'tma_multicast' or 'cp_async'")
+    if cluster is None:
+        cluster = (1, 2) if load == "tma_multicast" else (1, 1)
+    if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
+        raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
+    if tile is None:
+        tile_m = 64 if m <= 64 else 128
+        tiles_256 = -(-m // tile_m) * -(-n // 256)
+        tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
+    return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
+                      cluster_n=cluster[1], load=mechanism)
+
+
+def _max_active_clusters(cfg) -> int:
+    from cutetma import dsl
+
+    dsl.cutlass()
+    import cutlass.utils as utils
+
+    key = ("max_active_clusters", cfg.cluster_m * cfg.cluster_n)
+    if key not in _COMPILED:
+        _COMPILED[key] = utils.HardwareInfo().get_max_active_clusters(cfg.cluster_m * cfg.cluster_n)
+    return _COMPILED[key]
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+         out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
+         cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
+         allow_copy: bool = True) -> torch.Tensor:
+    """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
+
+    ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
+    accumulation, output ``out_dtype`` (default: the input dtype) or into ``out`` (M, N).
+    ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (1, 2) unless ``cluster`` says) or
+    ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n).
+    Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
+    rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2D, got shape {tuple(t.shape)}")
+        if t.dtype not in GEMM_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}: gemm takes float16 or bfloat16")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: gemm needs CUDA tensors")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a is {a.dtype} but b is {b.dtype}: both must have one dtype")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b on {b.device}")
+    b_nk = b if trans_b else b.T
+    (m, k), (n, k_b) = a.shape, b_nk.shape
+    if k != k_b:
+        shape_b = "(N, K)" if trans_b else "(K, N)"
+        raise ValueError(f"inner dimensions differ: a is (M, K) = {tuple(a.shape)}, b {shape_b} "
+                         f"= {tuple(b.shape)}")
+    out_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
+    if out_dtype not in GEMM_OUT_DTYPES:
+        raise TypeError(f"out dtype {out_dtype}: float16, bfloat16 or float32")
+    if out is not None:
+        if out.shape != (m, n) or out.device != a.device:
+            raise ValueError(f"out must be ({m}, {n}) on {a.device}, got {tuple(out.shape)} "
+                             f"on {out.device}")
+        if out.stride(1) != 1:
+            raise ValueError(f"out must be row-major (stride {tuple(out.stride())})")
+        hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
+                     global_strides_bytes=(out.stride(0) * out.element_size(),),
+                     global_base=out.data_ptr())
+    cfg = _gemm_config(m, n, load, cluster, tile, torch.cuda.get_device_properties(
+        a.device).multi_processor_count)
+
+    result = out
+    if result is None:  # pad the row so its stride is 16-byte aligned; return the view
+        per = 16 // torch.empty(0, dtype=out_dtype).element_size()
+        result = torch.empty(m, -(-n // per) * per, dtype=out_dtype, device=a.device)[:, :n]
+    if m == 0 or n == 0:
+        return result
+    if k == 0:
+        return result.zero_()
+    a_ok = _aligned_operand(a, "a", allow_copy)
+    b_ok = _aligned_operand(b_nk, "b", allow_copy)
+    if a_ok.stride(1) != 1:
+        raise ValueError("a must be K-major (row-major (M, K)): an M-major A is not supported")
+
+    from cutetma.kernels.gemm_sm90 import HopperGemm
+
+    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
+    clusters = _max_active_clusters(cfg)
+    key = ("gemm", a.dtype, out_dtype, b_ok.stride(1) == 1, cfg, clusters)
+    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream())
+    kernel(*tensors, _stream())  # max_active_clusters is a compile-time constant
+    return result
+
+
+def _gemm_tensor(x: torch.Tensor):
+    from cutlass.cute.runtime import from_dlpack
+
+    lead = 1 if x.stride(1) == 1 else 0
+    return from_dlpack(x, assumed_align=16).mark_layout_dynamic(leading_dim=lead)
+
+
+def gemm_ref(a: torch.Tensor, b: torch.Tensor, trans_b: bool = True) -> torch.Tensor:
+    """The fp32 reference: ``a @ b^T`` computed from the same inputs in float32."""
+    b_nk = b if trans_b else b.T
+    return a.float() @ b_nk.float().T
+
+
+@torch.library.custom_op("cutetma::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, trans_b: bool, load: str,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    return gemm(a, b, trans_b=trans_b, load=load, out_dtype=out_dtype).contiguous()
+
+
+@_gemm_op.register_fake
+def _(a, b, trans_b, load, out_dtype):
+    n = b.shape[0] if trans_b else b.shape[1]
+    return a.new_empty((a.shape[0], n), dtype=out_dtype)

@@ -15,35 +15,45 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 VECTOR_BYTES = 16  # cp.async.cg moves exactly 16 bytes
 
 
-def tiled_copy(dtype, rows: int, cols: int, num_threads: int):
-    """A tiled copy of a (rows, cols) row-major tile, 16 bytes per thread per step.
+def tiled_copy(dtype, rows: int, cols: int, num_threads: int, contiguous: int = 1):
+    """A tiled copy of a (rows, cols) tile, 16 bytes per thread per step.
 
-    Threads tile the box row-major (a warp reads whole rows: coalesced). Returns
-    ``(tiled_copy, threads_used)``; threads beyond ``threads_used`` have nothing to move.
+    ``contiguous`` names the mode that is contiguous in memory (1: row-major, 0: column-
+    major); threads walk it first, so a warp reads whole contiguous runs (coalesced).
+    Returns ``(tiled_copy, threads_used)``; threads beyond ``threads_used`` have nothing to move.
     """
     vec = VECTOR_BYTES * 8 // dtype.width
-    if cols % vec:
-        raise ValueError(f"cp.async needs rows of whole 16-byte vectors, got {cols} elements")
-    per_row = cols // vec
-    thr_rows = max(1, min(rows, num_threads // per_row))
-    while rows % thr_rows:
-        thr_rows -= 1
+    inner, outer = (cols, rows) if contiguous == 1 else (rows, cols)
+    if inner % vec:
+        raise ValueError(f"cp.async needs whole 16-byte vectors along the contiguous mode, "
+                         f"got {inner} elements")
+    per_line = inner // vec
+    lines = max(1, min(outer, num_threads // per_line))
+    while outer % lines:
+        lines -= 1
     atom = cute.make_copy_atom(
         cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
         num_bits_per_copy=VECTOR_BYTES * 8,
     )
-    thr_layout = cute.make_ordered_layout((thr_rows, per_row), order=(1, 0))
-    val_layout = cute.make_layout((1, vec))
-    return cute.make_tiled_copy_tv(atom, thr_layout, val_layout), thr_rows * per_row
+    if contiguous == 1:
+        thr_layout = cute.make_ordered_layout((lines, per_line), order=(1, 0))
+        val_layout = cute.make_layout((1, vec))
+    else:
+        thr_layout = cute.make_ordered_layout((per_line, lines), order=(0, 1))
+        val_layout = cute.make_layout((vec, 1))
+    return cute.make_tiled_copy_tv(atom, thr_layout, val_layout), lines * per_line
 
 
 def aligned_rows(gmem):
-    """The same (rows, cols) tensor with its row stride declared a multiple of 16 bytes.
+    """The same 2D tensor with its non-unit stride declared a multiple of 16 bytes.
 
     A dynamic stride carries no divisibility, so a tile's start would look 1-element aligned
     and 16-byte cp.async would be refused; the host validated the stride (``cutetma.ops``).
     """
     vec = VECTOR_BYTES * 8 // gmem.element_type.width
-    stride = cute.assume(gmem.stride[0], divby=vec)
-    layout = cute.make_layout(gmem.shape, stride=(stride, 1))
-    return cute.make_tensor(gmem.iterator, layout)
+    s0, s1 = gmem.stride
+    if cutlass.const_expr(isinstance(s1, int) and s1 == 1):
+        stride = (cute.assume(s0, divby=vec), 1)
+    else:
+        stride = (1, cute.assume(s1, divby=vec))
+    return cute.make_tensor(gmem.iterator, cute.make_layout(gmem.shape, stride=stride))

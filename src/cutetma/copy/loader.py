@@ -31,8 +31,56 @@ def check_mechanism(load: str) -> str:
     return load
 
 
+class _Loader:
+    """What TMA and cp.async share: the consumer side of a multistage pipeline.
+
+    A pipeline is a ring of (full, empty) mbarrier pairs. The loader picks the DSL pipeline
+    whose *producer* side matches the mechanism; consumers wait and release the same way in
+    every kernel. Arrivals per stage::
+
+                   full barrier                      empty barrier
+        TMA        1 (arrive.expect_tx) + tx bytes   consumer warps x multicast partners
+        cp.async   producer threads (noinc)          consumer warps (lane 0 of each)
+    """
+
+    mechanism = ""
+
+    def make_pipeline(self, barriers, stages, producer_threads, consumer_warps, tx_bytes,
+                      cta_layout_vmnk=None, mcast_size=1):
+        from cutlass import pipeline as pl
+
+        if self.mechanism == "cp_async":
+            return pl.PipelineCpAsync.create(
+                barrier_storage=barriers, num_stages=stages,
+                producer_group=pl.CooperativeGroup(pl.Agent.Thread, producer_threads),
+                consumer_group=pl.CooperativeGroup(pl.Agent.Thread, consumer_warps),
+                defer_sync=True,
+            )
+        return pl.PipelineTmaAsync.create(
+            barrier_storage=barriers, num_stages=stages,
+            producer_group=pl.CooperativeGroup(pl.Agent.Thread),
+            consumer_group=pl.CooperativeGroup(pl.Agent.Thread, consumer_warps * mcast_size),
+            tx_count=tx_bytes, cta_layout_vmnk=cta_layout_vmnk, defer_sync=True,
+        )
+
+    @cute.jit
+    def consumer_wait(self, pipe, state):
+        pipe.consumer_wait(state)
+        if cutlass.const_expr(self.mechanism == "cp_async"):
+            # cp.async writes through the generic proxy, WGMMA reads through the async one
+            cute.arch.fence_view_async_shared()
+
+    @cute.jit
+    def consumer_release(self, pipe, state):
+        if cutlass.const_expr(self.mechanism == "cp_async"):
+            if cute.arch.lane_idx() == 0:
+                pipe.consumer_release(state)
+        else:  # PipelineTmaAsync signals its multicast partners from the low lanes itself
+            pipe.consumer_release(state)
+
+
 @dataclasses.dataclass(frozen=True)
-class TmaLoader:
+class TmaLoader(_Loader):
     """TMA: one elected thread arms the barrier with the stage's bytes, one warp issues."""
 
     multicast: int = 1
@@ -59,7 +107,7 @@ class TmaLoader:
 
 
 @dataclasses.dataclass(frozen=True)
-class CpAsyncLoader:
+class CpAsyncLoader(_Loader):
     """cp.async: every producer thread copies its 16-byte vectors, then arrives on the
     barrier when they land (``noinc``: the arrival was counted in the barrier's init)."""
 

@@ -39,13 +39,19 @@ def group_view(gmem, group: int):
     return cute.make_tensor(gmem.iterator, layout)
 
 
-def partition(atom, smem_box, gmem_box, cta_rank=0, cta_count: int = 1):
-    """Shared and global views of this CTA's TMA copy; with ``cta_count`` > 1 each CTA
-    takes 1/N of the box and multicasts it to the others (``tma_partition`` does the split).
-    ``smem_box`` and ``gmem_box`` have the box in their leading modes."""
-    rank = cute.rank(smem_box)
-    s = cute.group_modes(smem_box, 0, rank)
-    g = cute.group_modes(gmem_box, 0, rank)
+def partition(atom, smem, gmem, cta_rank=0, cta_count: int = 1, box_rank=None,
+              gmem_box_rank=None):
+    """Shared and global views of this CTA's TMA copies.
+
+    The box is the leading ``box_rank`` modes of ``smem`` (default: all of them) and the
+    leading ``gmem_box_rank`` modes of ``gmem`` (default: ``box_rank``); the remaining modes
+    (stages; tile indices) stay indexable. With ``cta_count`` > 1 each CTA takes 1/N of the
+    box and multicasts it to the others (``tma_partition`` does the split).
+    """
+    box_rank = cute.rank(smem) if box_rank is None else box_rank
+    gmem_box_rank = box_rank if gmem_box_rank is None else gmem_box_rank
+    s = cute.group_modes(smem, 0, box_rank)
+    g = cute.group_modes(gmem, 0, gmem_box_rank)
     return cpasync.tma_partition(atom, cta_rank, cute.make_layout(cta_count), s, g)
 
 

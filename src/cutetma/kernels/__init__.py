@@ -89,3 +89,34 @@ def compile_showcase():
     shown = [(name, ptx_ops(compile_probe(cfg).ptx)) for name, cfg in showcase_configs().items()]
     shown.append(("round trip tma load+store", ptx_ops(compile_round_trip(2, "128B", 64, 64).ptx)))
     return shown
+
+
+def fake_operand(dtype, k_major: bool = True):
+    """A 2D fp16/bf16 GEMM operand of dynamic shape, 16-byte aligned: (rows, K) with K
+    contiguous, or (rows, K) with rows contiguous (an N-major B)."""
+    from cutetma import dsl
+
+    _, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_tensor
+
+    rows, inner = cute.sym_int32(), cute.sym_int32(divisibility=8)
+    stride = cute.sym_int64(divisibility=8)
+    if k_major:
+        return make_fake_tensor(dtype, (rows, inner), (stride, 1), assumed_align=16)
+    return make_fake_tensor(dtype, (inner, rows), (1, stride), assumed_align=16)
+
+
+@functools.cache
+def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
+                 b_k_major: bool = True, max_active_clusters: int = 132):
+    from cutetma import dsl
+    from cutetma.kernels.gemm_sm90 import HopperGemm
+
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    dtype = getattr(cutlass, dtype_name)
+    out = getattr(cutlass, out_name or dtype_name)
+    clusters = max_active_clusters // (cfg.cluster_m * cfg.cluster_n)
+    return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
+                           fake_operand(out), clusters, make_fake_stream())

@@ -1,0 +1,390 @@
+"""Hopper GEMM: C = A B^T, warp-specialized, persistent, multistage; the load mechanism is a
+parameter (``load="tma"`` with optional cluster multicast, or ``load="cp_async"``).
+
+Dataflow::
+
+    A (M, K), B (N, K)   --producer-->  shared-memory stages (swizzled, one CuTe layout)
+                         --consumers--> WGMMA into fp32 registers
+                         --epilogue-->  stmatrix into shared memory --TMA store--> C (M, N)
+
+Warp roles and the mainloop pipeline (``stages`` (full, empty) mbarrier pairs)::
+
+    warpgroup 0, producer   TMA: warp 0 issues A and B of every k-tile into the next free
+                            stage (multicast to the cluster's row / column of CTAs);
+                            cp.async: all 128 threads copy 16-byte vectors into the *same*
+                            swizzled stage, then arrive (noinc) on its full barrier.
+                            setmaxnreg lowers its registers (it needs few).
+    warpgroups 1..2         each owns 64 rows of the tile: wait full, WGMMA the k-tile,
+    consumers               release the previous stage (empty), keep one WGMMA group in
+                            flight; then the epilogue. setmaxnreg raises their registers.
+
+Only the producer differs between mechanisms: tiles, stages, swizzle, consumers and the
+epilogue are the same code (``cutetma.copy.loader`` holds the two producer sides). Tiles are
+handed out by a static persistent scheduler with a rasterization swizzle for L2 reuse.
+
+Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
+B K-major or N-major, C row-major; tile M in {64, 128}, N in {64, 128, 256}, K-tile 64;
+cluster (1|2, 1|2) multicasts A along N and B along M (TMA only); K and the contiguous
+dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K need not be
+multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only: ``pytest tests/test_gemm_ptx.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cutetma import dsl
+from cutetma.copy import cpasync as cpa
+from cutetma.copy import loader as loaders
+from cutetma.copy import tma
+
+cutlass, cute = dsl.cutlass()
+import cutlass.utils as utils  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cuda.bindings import driver as cuda  # noqa: E402
+from cutlass import pipeline  # noqa: E402
+
+SMEM_CAPACITY = 227 * 1024
+WARPGROUP = 128
+SM_COUNT = 132  # H200 / H100 SXM; the host passes the real count when it has a GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Static choices; hashable, so it keys the compile cache."""
+
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    cluster_m: int = 1
+    cluster_n: int = 1
+    load: str = "tma"  # "tma" or "cp_async"; clusters > 1 multicast (TMA only)
+    stages: int | None = None  # None: as many as shared memory holds
+    raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
+    epi_n: int = 32  # epilogue sub-tile width
+
+    def __post_init__(self):
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
+        if self.tile_n not in (64, 128, 256):
+            raise ValueError(f"tile_n={self.tile_n}: 64, 128 or 256")
+        if self.tile_k != 64:
+            raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}): each of 1 or 2")
+        if self.load not in ("tma", "cp_async"):
+            raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
+            raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
+
+    @property
+    def consumer_groups(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * (1 + self.consumer_groups)
+
+    @property
+    def multicast(self) -> bool:
+        return self.cluster_m * self.cluster_n > 1
+
+    def stage_bytes(self, elem_bytes: int = 2) -> int:
+        return (self.tile_m + self.tile_n) * self.tile_k * elem_bytes
+
+    def epi_bytes(self, out_bytes: int) -> int:
+        return self.tile_m * self.epi_n * out_bytes * EPI_STAGES
+
+    def num_stages(self, out_bytes: int = 2) -> int:
+        if self.stages:
+            return self.stages
+        return (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes)) // self.stage_bytes()
+
+
+EPI_STAGES = 4
+# setmaxnreg budgets (per thread): the TMA producer needs almost nothing; a cp.async producer
+# computes 16-byte addresses and predicates for every vector, so it keeps more.
+REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
+
+
+class HopperGemm:
+    def __init__(self, config: GemmConfig):
+        self.cfg = config
+        self.loader = loaders.make_loader(config.load)
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
+                 max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream):
+        cfg = self.cfg
+        ab_dtype, c_dtype = mA.element_type, mC.element_type
+        a_major = utils.LayoutEnum.from_tensor(mA)
+        b_major = utils.LayoutEnum.from_tensor(mB)
+        c_major = utils.LayoutEnum.from_tensor(mC)
+        tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
+        stages = cfg.num_stages(c_dtype.width // 8)
+
+        tiled_mma = sm90.make_trivial_tiled_mma(
+            ab_dtype, ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
+            cutlass.Float32, (cfg.consumer_groups, 1, 1), tiler_mn=(64, cfg.tile_n))
+        sA_layout = sm90.make_smem_layout_a(a_major, tile_mnk, ab_dtype, stages)
+        sB_layout = sm90.make_smem_layout_b(b_major, tile_mnk, ab_dtype, stages)
+        epi_tile = (cfg.tile_m, cfg.epi_n)
+        sC_layout = sm90.make_smem_layout_epi(c_dtype, c_major, epi_tile, EPI_STAGES)
+
+        # TMA atoms: A is shared along N by cluster_n CTAs, B along M by cluster_m CTAs.
+        tma_a, mA_tma = tma.load_atom(mA, cute.slice_(sA_layout, (None, None, 0)),
+                                      (cfg.tile_m, cfg.tile_k), cfg.cluster_n)
+        tma_b, mB_tma = tma.load_atom(mB, cute.slice_(sB_layout, (None, None, 0)),
+                                      (cfg.tile_n, cfg.tile_k), cfg.cluster_m)
+        tma_c, mC_tma = tma.store_atom(mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile)
+
+        tiles_mnl = (cute.ceil_div(mC.shape[0], cfg.tile_m),
+                     cute.ceil_div(mC.shape[1], cfg.tile_n), 1)
+        sched = utils.PersistentTileSchedulerParams(
+            tiles_mnl, (cfg.cluster_m, cfg.cluster_n, 1), cfg.raster_swizzle, True)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
+
+        @cute.struct
+        class Storage:
+            barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], 1024]
+
+        self.storage = Storage
+        self.stages = stages
+        self.c_major = c_major
+        self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
+                    sA_layout, sB_layout, sC_layout, sched).launch(
+            grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
+            min_blocks_per_mp=1, stream=stream)
+
+    # ------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
+               mB_tma: cute.Tensor, tma_c: cute.CopyAtom, mC_tma: cute.Tensor,
+               mA: cute.Tensor, mB: cute.Tensor, tiled_mma: cute.TiledMma,
+               sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+               sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(tidx // WARPGROUP)
+        if warp == 0:
+            tma.prefetch(tma_a)
+            tma.prefetch(tma_b)
+            tma.prefetch(tma_c)
+
+        cta_layout = cute.make_layout((cfg.cluster_m, cfg.cluster_n, 1))
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_crd = cta_layout.get_flat_coord(rank)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+
+        stage_bytes = cute.size_in_bytes(mA.element_type, cute.slice_(sA_layout, (None, None, 0)))
+        stage_bytes += cute.size_in_bytes(mB.element_type, cute.slice_(sB_layout, (None, None, 0)))
+        consumer_warps = cfg.consumer_groups * 4
+        pipe = self.loader.make_pipeline(
+            storage.barriers.data_ptr(), self.stages, WARPGROUP, consumer_warps, stage_bytes,
+            cute.make_layout((1, *cta_layout.shape)), cfg.cluster_m + cfg.cluster_n - 1)
+        cluster_mn = (cfg.cluster_m, cfg.cluster_n)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
+
+        # (bM, bK, tiles_m, tiles_k) and (bN, bK, tiles_n, tiles_k) views of A and B
+        tile_mk = (cfg.tile_m, cfg.tile_k)
+        tile_nk = (cfg.tile_n, cfg.tile_k)
+        k_tiles = cute.ceil_div(mA.shape[1], cfg.tile_k)
+        pipeline.pipeline_init_wait(cluster_shape_mn=cluster_mn)
+
+        producer_regs, consumer_regs = REGISTERS[cfg.load]
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(producer_regs)
+            if cutlass.const_expr(cfg.load == "tma"):
+                if warp == 0:
+                    self.produce_tma(pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk,
+                                     tile_nk, k_tiles, cta_layout, cluster_crd, sched)
+            else:
+                self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched)
+        else:
+            cute.arch.setmaxregister_increase(consumer_regs)
+            self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched)
+
+    @cute.jit
+    def produce_tma(self, pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk, tile_nk,
+                    k_tiles, cta_layout, cluster_crd, sched):
+        """One warp: each k-tile of A and B by TMA into the next stage, multicast to the CTAs
+        of the cluster that share it; the stage's full barrier counts the bytes."""
+        cfg = self.cfg
+        gA = cute.local_tile(mA_tma, tile_mk, (None, None))
+        gB = cute.local_tile(mB_tma, tile_nk, (None, None))
+        # A is reused by the cluster_n CTAs of one cluster row, B by the cluster_m of a column
+        tAsA, tAgA = tma.partition(tma_a, sA, gA, cluster_crd[1], cfg.cluster_n, box_rank=2)
+        tBsB, tBgB = tma.partition(tma_b, sB, gB, cluster_crd[0], cfg.cluster_m, box_rank=2)
+        a_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=1)
+        b_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=0)
+        loader = self.loader
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        scheduler = utils.StaticPersistentTileScheduler.create(
+            sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = scheduler.initial_work_tile_info()
+        while work.is_valid_tile:
+            m, n, _ = work.tile_idx
+            for k in cutlass.range(k_tiles, unroll=1):
+                pipe.producer_acquire(state)  # wait for an empty stage, arm expect_tx
+                bar = pipe.producer_get_barrier(state)
+                if cutlass.const_expr(cfg.cluster_n > 1):
+                    cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
+                              tma_bar_ptr=bar, mcast_mask=a_mask)
+                else:
+                    cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
+                              tma_bar_ptr=bar)
+                if cutlass.const_expr(cfg.cluster_m > 1):
+                    cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
+                              tma_bar_ptr=bar, mcast_mask=b_mask)
+                else:
+                    cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
+                              tma_bar_ptr=bar)
+                loader.commit(bar)
+                state.advance()
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched):
+        """A warpgroup: every thread copies its 16-byte vectors of each k-tile into the same
+        swizzled stage (the pointer carries the swizzle), zero-filling past K, then arrives
+        on the stage's full barrier when its copies land."""
+        tidx, _, _ = cute.arch.thread_idx()
+        copy_a, ra, ca = self._cp_async_operand(mA, sA, tile_mk, tidx)
+        copy_b, rb, cb = self._cp_async_operand(mB, sB, tile_nk, tidx)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        scheduler = utils.StaticPersistentTileScheduler.create(
+            sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = scheduler.initial_work_tile_info()
+        while work.is_valid_tile:
+            m, n, _ = work.tile_idx
+            for k in cutlass.range(k_tiles, unroll=1):
+                pipe.producer_acquire(state)
+                self._cp_async_tile(copy_a, ra, ca, m, k, state.index, mA.shape)
+                self._cp_async_tile(copy_b, rb, cb, n, k, state.index, mB.shape)
+                pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc
+                state.advance()
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def _cp_async_operand(self, mX, sX, tile, tidx):
+        """Thread partitions of one operand: (copy, global view, smem view, coordinates)."""
+        k_major = isinstance(mX.stride[1], int) and mX.stride[1] == 1
+        tiled, _ = cpa.tiled_copy(mX.element_type, tile[0], tile[1], WARPGROUP,
+                                  1 if cutlass.const_expr(k_major) else 0)
+        thr = tiled.get_slice(tidx)
+        gX = cute.local_tile(cpa.aligned_rows(mX), tile, (None, None))
+        cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (None, None))
+        return tiled, (thr.partition_S(gX), thr.partition_D(sX)), thr.partition_S(cX)
+
+    @cute.jit
+    def _cp_async_tile(self, tiled, views, tXcX, mn, k, stage, bounds):
+        tXgX, tXsX = views
+        src = tXgX[(None, None, None, mn, k)]
+        dst = tXsX[(None, None, None, stage)]
+        crd = tXcX[(None, None, None, mn, k)]
+        # Rows past M (or N) only feed outputs the TMA store clips: skip them. Columns past K
+        # feed real outputs: they must be zeros, in A and in B (0 * garbage can be NaN).
+        for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+                row, col = crd[(0, i, j)]
+                if row < bounds[0]:
+                    if col < bounds[1]:
+                        cute.copy(tiled, src[(None, i, j)], dst[(None, i, j)])
+                    else:
+                        dst[(None, i, j)].fill(0)
+
+    @cute.jit
+    def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched):
+        """A consumer warpgroup: 64 rows of each tile, WGMMA over the k-tiles with one group in
+        flight, then the epilogue: registers -> stmatrix -> shared -> TMA store."""
+        cfg = self.cfg
+        loader = self.loader
+        tidx, _, _ = cute.arch.thread_idx()
+        ctid = tidx - WARPGROUP  # thread index among the consumers
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups, stride=WARPGROUP)(
+            ctid // WARPGROUP))
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], cutlass.Float32)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
+        c_major = self.c_major
+        c_dtype = sC.element_type
+        r2s = cute.make_tiled_copy_S(
+            sm90.get_smem_store_op(c_major, c_dtype, cutlass.Float32),
+            cute.make_tiled_copy_C_atom(cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(c_major.is_m_major_c(), 4), c_dtype),
+                tiled_mma))
+        thr_r2s = r2s.get_slice(ctid)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        frag = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
+        frag_out = cute.make_rmem_tensor(frag_shape, c_dtype)
+        epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=cfg.consumer_groups * WARPGROUP)
+        store_warp = 4  # the first consumer warp issues the TMA stores
+        epi_tiles = cfg.tile_n // cfg.epi_n
+
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        scheduler = utils.StaticPersistentTileScheduler.create(
+            sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = scheduler.initial_work_tile_info()
+        stores = cutlass.Int32(0)
+        while work.is_valid_tile:
+            m, n, _ = work.tile_idx
+            acc.fill(0.0)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.fence()
+            for k in cutlass.range(k_tiles, unroll=1):
+                loader.consumer_wait(pipe, read)
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                              tCrB[(None, None, kb, read.index)], acc)
+                cute.nvgpu.warpgroup.commit_group()
+                # keep this k-tile's WGMMAs in flight; the previous stage is free once the
+                # group before them has retired
+                cute.nvgpu.warpgroup.wait_group(1)
+                if k > 0:
+                    loader.consumer_release(pipe, release)
+                    release.advance()
+                read.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            loader.consumer_release(pipe, release)
+            release.advance()
+
+            gC_tile = cute.zipped_divide(gC[(None, None, m, n)], (cfg.tile_m, cfg.epi_n))
+            bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2, gmem_box_rank=1)
+            for e in cutlass.range_constexpr(epi_tiles):
+                for v in cutlass.range_constexpr(cute.size(frag)):
+                    frag[v] = tRS_acc[e * cute.size(frag) + v]
+                frag_out.store(frag.load().to(c_dtype))
+                buf = stores % EPI_STAGES
+                cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
+                cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA (async)
+                epi_sync.arrive_and_wait()
+                if warp == store_warp:
+                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+                    tma.commit()
+                    tma.wait(EPI_STAGES - 1)  # the buffer written next is free again
+                epi_sync.arrive_and_wait()
+                stores += 1
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+        if warp == store_warp:
+            tma.wait(0)

@@ -1,0 +1,122 @@
+"""The GEMM on the H200 against an fp32 reference, flash-attention's rule: the kernel's max
+error is at most twice torch's same-dtype error plus the output's own rounding. Outputs are
+poisoned with NaN first; shapes include sizes that are not multiples of any tile."""
+
+import itertools
+import random
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [1, 17, 127, 129, 1000, 4097]
+VARIANTS = [
+    dict(load="tma"), dict(load="tma", cluster=(2, 1)), dict(load="tma", cluster=(1, 2)),
+    dict(load="tma", cluster=(2, 2)), dict(load="cp_async"),
+]
+# the paper's (N, K) projection shapes at two of its M values
+PAPER = [(2048, 6144, 4096), (512, 14336, 4096), (256, 8192, 28672), (64, 1536, 5120),
+         (16, 512, 5120), (8192, 16384, 512)]
+
+
+def _shapes(seed: int, count: int = 10):
+    rng = random.Random(seed)
+    return rng.sample(list(itertools.product(SIZES, SIZES, SIZES)), count)
+
+
+def check(a, b, out, trans_b=True):
+    import torch
+
+    from cutetma import ops
+
+    ref = ops.gemm_ref(a, b, trans_b)
+    same = (a @ (b.T if trans_b else b)).float()
+    assert not torch.isnan(out).any(), "NaN in the output (unwritten or wrong)"
+    rounding = (ref.to(out.dtype).float() - ref).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    bound = 2 * (same - ref).abs().max().item() + rounding + 1e-6
+    assert err <= bound, f"max error {err:.3g} > bound {bound:.3g} for {tuple(out.shape)}"
+
+
+@pytest.fixture(autouse=True)
+def _exact_reference():
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['load']}-{v.get('cluster')}")
+def test_random_shapes(variant, dtype):
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k in _shapes(sum(map(ord, str(variant) + dtype))) + PAPER[:2]:
+        a = torch.randn(m, k, device="cuda", dtype=t)
+        b = torch.randn(n, k, device="cuda", dtype=t)
+        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda", dtype=t)[:, :n]
+        ops.gemm(a, b, out=out, **variant)
+        check(a, b, out)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_b_as_k_by_n_and_out_dtypes(load, out_dtype):
+    import torch
+
+    from cutetma import ops
+
+    for m, n, k in [(1000, 129, 4097), (129, 1000, 64), (4097, 256, 512)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        out = ops.gemm(a, b, trans_b=False, load=load, out_dtype=getattr(torch, out_dtype))
+        assert out.shape == (m, n)
+        check(a, b, out, trans_b=False)
+
+
+@pytest.mark.parametrize("mnk", PAPER, ids=lambda s: "x".join(map(str, s)))
+def test_paper_shapes_all_mechanisms(mnk):
+    import torch
+
+    from cutetma import ops
+
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    for variant in VARIANTS:
+        check(a, b, ops.gemm(a, b, **variant))
+
+
+def test_custom_op_and_stream():
+    import torch
+
+    import cutetma.ops  # noqa: F401
+
+    a = torch.randn(300, 200, device="cuda", dtype=torch.float16)
+    b = torch.randn(136, 200, device="cuda", dtype=torch.float16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        c = torch.ops.cutetma.gemm(a, b, True, "tma", torch.float16)
+    s.synchronize()
+    check(a, b, c)
+
+
+def test_errors_before_launch():
+    import torch
+
+    from cutetma import ops
+
+    a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(TypeError, match="one dtype"):
+        ops.gemm(a, a.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="inner dimensions"):
+        ops.gemm(a, torch.randn(64, 32, device="cuda", dtype=torch.float16))
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        ops.gemm(a.float(), a.float())
+    with pytest.raises(ValueError, match="stride rule|alignment rule"):
+        ops.gemm(a[:, :60], a[:, :60], allow_copy=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        ops.gemm(a.cpu(), a.cpu())

@@ -1,0 +1,76 @@
+"""The GEMM compiled for sm_90a on a CPU machine, every mechanism x dtype x cluster: WGMMA is
+there, the producer issues what its mechanism says and nothing else."""
+
+import re
+
+import pytest
+
+from cutetma import kernels
+from cutetma.kernels.gemm_sm90 import GemmConfig
+
+WGMMA = "wgmma.mma_async.sync.aligned"
+BULK_LOAD = "cp.async.bulk.tensor.2d.shared::c"  # ::cta or ::cluster destination
+MCAST = ".multicast::cluster"
+CP_ASYNC = "cp.async.cg.shared.global"
+STORE = "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"
+
+CLUSTERS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
+def test_tma_variant(dtype, cluster):
+    ptx = kernels.compile_gemm(GemmConfig(cluster_m=cluster[0], cluster_n=cluster[1]), dtype).ptx
+    suffix = "f16.f16" if dtype == "Float16" else "bf16.bf16"
+    assert f"{WGMMA}.m64n256k16.f32.{suffix}" in ptx
+    assert BULK_LOAD in ptx and STORE in ptx and CP_ASYNC not in ptx
+    assert re.search(r"setmaxnreg.dec.sync.aligned.u32\s+40;", ptx)
+    assert re.search(r"setmaxnreg.inc.sync.aligned.u32\s+232;", ptx)
+    assert (MCAST in ptx) == (cluster != (1, 1))
+    if cluster == (2, 2):  # A and B both multicast: two multicast loads in the producer
+        assert ptx.count(MCAST) >= 2
+
+
+@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+def test_cp_async_variant(dtype):
+    ptx = kernels.compile_gemm(GemmConfig(load="cp_async"), dtype).ptx
+    assert WGMMA in ptx and CP_ASYNC in ptx
+    assert "cp.async.mbarrier.arrive.noinc" in ptx
+    assert BULK_LOAD not in ptx and MCAST not in ptx  # no TMA load at all
+    assert STORE in ptx  # the same TMA-store epilogue
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_n_major_b_and_small_tile(load):
+    ptx = kernels.compile_gemm(GemmConfig(tile_m=64, tile_n=128, load=load), "Float16",
+                               b_k_major=False).ptx
+    assert f"{WGMMA}.m64n128k16.f32.f16.f16" in ptx
+
+
+@pytest.mark.parametrize("out", ["Float32", "BFloat16"])
+def test_output_dtypes(out):
+    ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16", out).ptx
+    assert WGMMA in ptx and STORE in ptx
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(tile_m=256), "tile_m"), (dict(tile_n=96), "tile_n"), (dict(tile_k=32), "tile_k"),
+    (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
+    (dict(load="bulk"), "load="),
+])
+def test_config_refuses(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GemmConfig(**kwargs)
+
+
+def test_custom_op_fake_shapes():
+    import torch
+
+    import cutetma.ops  # noqa: F401  (registers cutetma::gemm)
+
+    a = torch.empty(100, 64, dtype=torch.float16, device="meta")
+    b = torch.empty(48, 64, dtype=torch.float16, device="meta")
+    c = torch.ops.cutetma.gemm(a, b, True, "tma", torch.float32)
+    assert c.shape == (100, 48) and c.dtype == torch.float32
+    c2 = torch.ops.cutetma.gemm(a, b.T.contiguous(), False, "tma", torch.float16)
+    assert c2.shape == (100, 48)
