@@ -13,6 +13,8 @@ shape does not recompile.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -186,6 +188,11 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
                       cluster_n=cluster[1], load=mechanism)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index) -> int:
+    return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
+
+
 def _max_active_clusters(cfg) -> int:
     from cutetma import dsl
 
@@ -242,8 +249,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
-    cfg = _gemm_config(m, n, load, cluster, tile, torch.cuda.get_device_properties(
-        a.device).multi_processor_count)
+    cfg = _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index))
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
