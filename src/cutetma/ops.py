@@ -188,7 +188,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
                       cluster_n=cluster[1], load=mechanism)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
 
