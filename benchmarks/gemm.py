@@ -6,7 +6,8 @@ mechanism (TMA, TMA + multicast, cp.async), one run, the same randn data.
 Cells: 8192^3 and 4096^3, and the seed paper's 18 (N, K) projection shapes x M in
 {16, 64, 256, 512, 2048, 8192}, fp16 and bf16. Each mechanism takes its best tile of the
 candidates (as the paper picks the best tile per variant). Times are medians of
-``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between runs). Every kernel's output is checked
+``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between
+runs). Every kernel's output is checked
 against cuBLAS before it is timed; a wrong kernel is reported, not timed.
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out.
 """
@@ -88,48 +89,49 @@ def progress(iterable, total):
         return iterable
 
 
-def run(quick: bool, out_dir: Path, dtypes=("float16", "bfloat16")) -> list[dict]:
+def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
+    """cuBLAS and every mechanism (best tile each) on one (M, N, K), the same randn data."""
     import torch
 
     from cutetma import ops
 
-    rows = []
-    todo = [(d, c) for d in dtypes for c in cells(quick)]
-    for dtype, (m, n, k) in progress(todo, len(todo)):
-        t = getattr(torch, dtype)
-        gen = torch.Generator(device="cuda").manual_seed(m * 31 + n * 7 + k)
-        a = torch.randn(m, k, device="cuda", dtype=t, generator=gen)
-        b = torch.randn(n, k, device="cuda", dtype=t, generator=gen)
-        flops = 2 * m * n * k
-        ref = a @ b.T
-        row = {"M": m, "N": n, "K": k, "dtype": dtype,
-               "cublas": flops / bench(lambda: a @ b.T) / 1e9}
-        scale = ref.float().abs().max().item() + 1e-6
-        for name, kwargs in MECHANISMS.items():
-            best = None
-            for tile in tile_candidates(m):
-                try:
-                    out = ops.gemm(a, b, tile=tile, **kwargs)
-                    rel = (out.float() - ref.float()).abs().max().item() / scale
-                    if not rel < 2e-2:  # a wrong result is never timed
-                        row[f"{name}_error"] = f"tile {tile}: rel. max error {rel:.3g}"
-                        continue
-                    ms = bench(lambda tile=tile, kw=kwargs: ops.gemm(a, b, tile=tile, **kw))
-                except Exception as exc:  # report, keep going
-                    row[f"{name}_error"] = f"tile {tile}: {type(exc).__name__}: {exc}"[:300]
+    t = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(m * 31 + n * 7 + k)
+    a = torch.randn(m, k, device="cuda", dtype=t, generator=gen)
+    b = torch.randn(n, k, device="cuda", dtype=t, generator=gen)
+    flops = 2 * m * n * k
+    ref = a @ b.T
+    scale = ref.float().abs().max().item() + 1e-6
+    row = {"M": m, "N": n, "K": k, "dtype": dtype, "cublas": flops / bench(lambda: a @ b.T) / 1e9}
+    for name, kwargs in MECHANISMS.items():
+        best = None
+        for tile in tile_candidates(m):
+            def call(tile=tile, kwargs=kwargs):
+                return ops.gemm(a, b, tile=tile, **kwargs)
+
+            try:
+                rel = (call().float() - ref.float()).abs().max().item() / scale
+                if not rel < 2e-2:  # a wrong result is never timed
+                    row[f"{name}_error"] = f"tile {tile}: rel. max error {rel:.3g}"
                     continue
-                if best is None or ms < best[0]:
-                    best = (ms, tile)
-            if best:
-                row[name] = flops / best[0] / 1e9
-                row[f"{name}_tile"] = list(best[1])
-                if name == "tma":
-                    row["tma_eager_us"] = eager_us(
-                        lambda tile=best[1]: ops.gemm(a, b, tile=tile, load="tma"))
-                    row["cublas_eager_us"] = eager_us(lambda: a @ b.T)
-        rows.append(row)
-        del a, b, ref
-    return rows
+                ms = bench(call)
+            except Exception as exc:  # report, keep going
+                row[f"{name}_error"] = f"tile {tile}: {type(exc).__name__}: {exc}"[:300]
+                continue
+            if best is None or ms < best[0]:
+                best = (ms, tile, call)
+        if best:
+            row[name] = flops / best[0] / 1e9
+            row[f"{name}_tile"] = list(best[1])
+            if name == "tma":
+                row["tma_eager_us"] = eager_us(best[2])
+                row["cublas_eager_us"] = eager_us(lambda: a @ b.T)
+    return row
+
+
+def run(quick: bool, dtypes=("float16", "bfloat16")) -> list[dict]:
+    todo = [(d, c) for d in dtypes for c in cells(quick)]
+    return [measure_cell(dtype, *mnk) for dtype, mnk in progress(todo, len(todo))]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -198,7 +200,7 @@ def main(argv=None):
 
     out = Path(args.out)
     t0 = time.time()
-    rows = run(args.quick, out)
+    rows = run(args.quick)
     summary = summarize(rows)
     path = results.write("gemm", rows, out, extra_meta={"summary": summary,
                                                         "seconds": round(time.time() - t0)})

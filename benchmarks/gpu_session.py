@@ -40,7 +40,8 @@ def step_gemm_bench(args):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gemm
 
-    return f"gemm benchmark rc={gemm.main(['--out', str(OUT)] + (['--quick'] if args.quick else []))}"
+    rc = gemm.main(["--out", str(OUT)] + (["--quick"] if args.quick else []))
+    return f"gemm benchmark rc={rc}"
 
 
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench}
