@@ -44,7 +44,15 @@ def step_gemm_bench(args):
     return f"gemm benchmark rc={rc}"
 
 
-STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench}
+def step_gemm_tune(args):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gemm_tune
+
+    return f"gemm tune rc={gemm_tune.main(['--out', str(OUT)])}"
+
+
+STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
+         "gemm_tune": step_gemm_tune}
 
 
 def main():
