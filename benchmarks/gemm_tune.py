@@ -16,9 +16,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import bench  # noqa: E402  (same timing: CUDA-graph replays, L2 flushed)
 
-SIZES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 4096, 4096)]
-TILES = [(128, 256), (128, 128)]
-CLUSTERS = [(1, 1), (1, 2), (2, 1), (2, 2)]
+SIZES = [(8192, 8192, 8192), (4096, 4096, 4096)]
+TILES = [(128, 256)]
+CLUSTERS = [(1, 1), (2, 1)]
+RASTER = [1, 4, 8, 16]  # clusters per rasterization band
+EPI_N = [32, 64]  # epilogue sub-tile width
 
 
 def main(argv=None):
@@ -28,6 +30,7 @@ def main(argv=None):
     import torch
 
     from cutetma import ops, results
+    from cutetma.kernels.gemm_sm90 import GemmConfig
 
     rows = []
     for dtype, (m, n, k) in itertools.product(("float16", "bfloat16"), SIZES):
@@ -36,12 +39,15 @@ def main(argv=None):
         b = torch.randn(n, k, device="cuda", dtype=t)
         flops = 2 * m * n * k
         cublas = flops / bench(lambda a=a, b=b: a @ b.T) / 1e9
-        for tile, cluster in itertools.product(TILES, CLUSTERS):
-            def call(a=a, b=b, tile=tile, cluster=cluster):
-                return ops.gemm(a, b, tile=tile, cluster=cluster)
+        for tile, cluster, raster, epi_n in itertools.product(TILES, CLUSTERS, RASTER, EPI_N):
+            cfg = GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
+                             cluster_n=cluster[1], raster_swizzle=raster, epi_n=epi_n)
+
+            def call(a=a, b=b, cfg=cfg):
+                return ops.gemm(a, b, config=cfg)
 
             row = {"M": m, "N": n, "K": k, "dtype": dtype, "tile": tile, "cluster": cluster,
-                   "cublas": cublas}
+                   "raster_swizzle": raster, "epi_n": epi_n, "cublas": cublas}
             try:
                 err = (call().float() - (a @ b.T).float()).abs().max().item()
                 row["ours"] = flops / bench(call) / 1e9
@@ -49,7 +55,8 @@ def main(argv=None):
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(row)
-            print(f"{dtype} {m}x{n}x{k} tile {tile} cluster {cluster}: "
+            print(f"{dtype} {m}x{n}x{k} tile {tile} cluster {cluster} raster {raster} "
+                  f"epi {epi_n}: "
                   f"ours {row.get('ours', float('nan')):.0f} cublas {cublas:.0f} TFLOP/s "
                   f"({row.get('ours', 0) / cublas:.3f}x)", flush=True)
     print(f"wrote {results.write('gemm_tune', rows, args.out)}")

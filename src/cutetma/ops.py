@@ -176,8 +176,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
     mechanism = "cp_async" if load == "cp_async" else "tma"
     if load not in ("tma", "tma_multicast", "cp_async"):
         raise ValueError(f"load={load!r}: choose 'tma', 'tma_multicast' or 'cp_async'")
-    if cluster is None:
-        cluster = (1, 2) if load == "tma_multicast" else (1, 1)
+    if cluster is None:  # measured on the H200 (gemm_tune.json): (2, 1) multicasts B
+        cluster = (2, 1) if load == "tma_multicast" else (1, 1)
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
     if tile is None:
@@ -208,15 +208,17 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         allow_copy: bool = True) -> torch.Tensor:
+         allow_copy: bool = True, config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
     accumulation, output ``out_dtype`` (default: the input dtype) or into ``out`` (M, N).
-    ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (1, 2) unless ``cluster`` says) or
+    ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (2, 1) unless ``cluster`` says) or
     ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
+    ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
+    width), overriding ``load``, ``cluster`` and ``tile``.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -249,7 +251,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
-    cfg = _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index))
+    cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index))
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
