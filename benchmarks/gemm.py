@@ -33,15 +33,18 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
     "tma_multicast": [dict(load="tma", cluster=(2, 1)), dict(load="tma", cluster=(1, 2))],
     "cp_async": [dict(load="cp_async")],
 }
+PINGPONG = [dict(tile=(64, 256), schedule="pingpong")]
 
 
 def candidates(name: str, m: int):
-    tiles = [(64, 128), (64, 256)] if m <= 64 else [(128, 256), (128, 128)]
+    """The mechanism's configurations: cooperative tiles and the pingpong schedule."""
+    tiles = [dict(tile=(64, 128)), dict(tile=(64, 256))] if m <= 64 else [
+        dict(tile=(128, 256)), dict(tile=(128, 128))] + PINGPONG
     for kwargs in MECHANISMS[name]:
         if m <= 64 and kwargs.get("cluster", (1, 1))[0] > 1:
             continue  # one tile row: nothing to share along M
         for tile in tiles:
-            yield dict(kwargs, tile=tile)
+            yield dict(kwargs, **tile)
 
 
 def cells(quick: bool):

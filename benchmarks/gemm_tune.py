@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import bench  # noqa: E402  (same timing: CUDA-graph replays, L2 flushed)
 
 SIZES = [(8192, 8192, 8192), (4096, 4096, 4096)]
-TILES = [(128, 256)]
+TILES = [(128, 256, "cooperative"), (64, 256, "pingpong")]
 CLUSTERS = [(1, 1), (2, 1)]
-RASTER = [1, 4, 8, 16]  # clusters per rasterization band
+RASTER = [1, 8]  # clusters per rasterization band
 EPI_N = [32, 64]  # epilogue sub-tile width
 
 
@@ -41,7 +41,8 @@ def main(argv=None):
         cublas = flops / bench(lambda a=a, b=b: a @ b.T) / 1e9
         for tile, cluster, raster, epi_n in itertools.product(TILES, CLUSTERS, RASTER, EPI_N):
             cfg = GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
-                             cluster_n=cluster[1], raster_swizzle=raster, epi_n=epi_n)
+                             cluster_n=cluster[1], raster_swizzle=raster, epi_n=epi_n,
+                             schedule=tile[2])
 
             def call(a=a, b=b, cfg=cfg):
                 return ops.gemm(a, b, config=cfg)

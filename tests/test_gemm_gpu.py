@@ -13,6 +13,8 @@ SIZES = [1, 17, 127, 129, 1000, 4097]
 VARIANTS = [
     dict(load="tma"), dict(load="tma", cluster=(2, 1)), dict(load="tma", cluster=(1, 2)),
     dict(load="tma", cluster=(2, 2)), dict(load="cp_async"),
+    dict(load="tma", schedule="pingpong"), dict(load="tma", schedule="pingpong", cluster=(2, 1)),
+    dict(load="cp_async", schedule="pingpong"),
 ]
 # the paper's (N, K) projection shapes at two of its M values
 PAPER = [(2048, 6144, 4096), (512, 14336, 4096), (256, 8192, 28672), (64, 1536, 5120),
@@ -47,7 +49,8 @@ def _exact_reference():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['load']}-{v.get('cluster')}")
+@pytest.mark.parametrize("variant", VARIANTS,
+                         ids=lambda v: f"{v['load']}-{v.get('cluster')}-{v.get('schedule')}")
 def test_random_shapes(variant, dtype):
     import torch
 

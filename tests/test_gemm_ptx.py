@@ -47,6 +47,15 @@ def test_n_major_b_and_small_tile(load):
     assert f"{WGMMA}.m64n128k16.f32.f16.f16" in ptx
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_pingpong_schedule(load):
+    cfg = GemmConfig(tile_m=64, tile_n=256, load=load, schedule="pingpong")
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    assert f"{WGMMA}.m64n256k16.f32.f16.f16" in ptx
+    # the turn barriers: one warpgroup arrives, the other waits (bar.sync id, 256 threads)
+    assert re.search(r"bar\.arrive\s+\S+,\s*256;", ptx) or "barrier.arrive" in ptx
+
+
 @pytest.mark.parametrize("out", ["Float32", "BFloat16"])
 def test_output_dtypes(out):
     ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16", out).ptx
@@ -56,7 +65,7 @@ def test_output_dtypes(out):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(tile_m=256), "tile_m"), (dict(tile_n=96), "tile_n"), (dict(tile_k=32), "tile_k"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
-    (dict(load="bulk"), "load="),
+    (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "tile_m must be 64"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):

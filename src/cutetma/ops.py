@@ -170,7 +170,8 @@ def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tens
     return padded
 
 
-def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
+def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
+                 schedule: str = "cooperative"):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -180,12 +181,14 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int):
         cluster = (2, 1) if load == "tma_multicast" else (1, 1)
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
+    if tile is None and schedule == "pingpong":
+        tile = (64, 256 if -(-m // 64) * -(-n // 256) >= sm_count else 128)
     if tile is None:
         tile_m = 64 if m <= 64 else 128
         tiles_256 = -(-m // tile_m) * -(-n // 256)
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
-                      cluster_n=cluster[1], load=mechanism)
+                      cluster_n=cluster[1], load=mechanism, schedule=schedule)
 
 
 @functools.cache
@@ -208,7 +211,8 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         allow_copy: bool = True, config=None) -> torch.Tensor:
+         schedule: str = "cooperative", allow_copy: bool = True,
+         config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
@@ -217,7 +221,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
-    ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
+    ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
+    ``"pingpong"`` (each warpgroup its own 64-row tiles, epilogues hidden under the other's
+    WGMMAs). ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
     for name, t in (("a", a), ("b", b)):
@@ -251,7 +257,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
-    cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index))
+    cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
+                                 schedule)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view

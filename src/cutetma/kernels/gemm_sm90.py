@@ -62,6 +62,10 @@ class GemmConfig:
     stages: int | None = None  # None: as many as shared memory holds
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
     epi_n: int = 32  # epilogue sub-tile width
+    # "cooperative": both consumer warpgroups share each tile (64 rows each);
+    # "pingpong": each owns whole 64-row tiles, alternately, so one's epilogue hides under
+    # the other's WGMMAs (named barriers hand the tensor cores back and forth)
+    schedule: str = "cooperative"
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -76,10 +80,23 @@ class GemmConfig:
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
         if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
             raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
+        if self.schedule not in ("cooperative", "pingpong"):
+            raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
+        if self.schedule == "pingpong" and self.tile_m != 64:
+            raise ValueError("pingpong gives each warpgroup whole tiles: tile_m must be 64")
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"
 
     @property
     def consumer_groups(self) -> int:
-        return self.tile_m // 64
+        return 2 if self.pingpong else self.tile_m // 64
+
+    @property
+    def mma_groups(self) -> int:
+        """Warpgroups that share one tile's WGMMAs (and so consume each stage)."""
+        return 1 if self.pingpong else self.consumer_groups
 
     @property
     def threads(self) -> int:
@@ -125,7 +142,7 @@ class HopperGemm:
 
         tiled_mma = sm90.make_trivial_tiled_mma(
             ab_dtype, ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.consumer_groups, 1, 1), tiler_mn=(64, cfg.tile_n))
+            cutlass.Float32, (cfg.mma_groups, 1, 1), tiler_mn=(64, cfg.tile_n))
         sA_layout = sm90.make_smem_layout_a(a_major, tile_mnk, ab_dtype, stages)
         sB_layout = sm90.make_smem_layout_b(b_major, tile_mnk, ab_dtype, stages)
         epi_tile = (cfg.tile_m, cfg.epi_n)
@@ -186,7 +203,7 @@ class HopperGemm:
 
         stage_bytes = cute.size_in_bytes(mA.element_type, cute.slice_(sA_layout, (None, None, 0)))
         stage_bytes += cute.size_in_bytes(mB.element_type, cute.slice_(sB_layout, (None, None, 0)))
-        consumer_warps = cfg.consumer_groups * 4
+        consumer_warps = cfg.mma_groups * 4  # the warps that read each stage
         pipe = self.loader.make_pipeline(
             storage.barriers.data_ptr(), self.stages, WARPGROUP, consumer_warps, stage_bytes,
             cute.make_layout((1, *cta_layout.shape)), cfg.cluster_m + cfg.cluster_n - 1)
@@ -311,15 +328,36 @@ class HopperGemm:
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched):
-        """A consumer warpgroup: 64 rows of each tile, WGMMA over the k-tiles with one group in
-        flight, then the epilogue: registers -> stmatrix -> shared -> TMA store."""
+        """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
+        epilogue: registers -> stmatrix -> shared -> TMA store.
+
+        Cooperative: both consumer warpgroups take every tile, 64 rows each. Pingpong: the
+        CTA's j-th tile belongs to warpgroup j % 2; turn barriers order the mainloops so the
+        other warpgroup's epilogue runs under them. Each warpgroup then has its own epilogue
+        buffers, barrier and store warp.
+        """
         cfg = self.cfg
         loader = self.loader
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP  # thread index among the consumers
+        wg = ctid // WARPGROUP  # 0 or 1
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups, stride=WARPGROUP)(
-            ctid // WARPGROUP))
+        if cutlass.const_expr(cfg.pingpong):
+            thr_mma = tiled_mma.get_slice(0)
+            mma_tid = ctid % WARPGROUP
+            epi_threads = WARPGROUP
+            epi_bufs = EPI_STAGES // 2
+            epi_sync = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=WARPGROUP)
+        else:
+            thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups,
+                                                           stride=WARPGROUP)(wg))
+            mma_tid = ctid
+            epi_threads = cfg.consumer_groups * WARPGROUP
+            epi_bufs = EPI_STAGES
+            epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=epi_threads)
+        my_turn = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * WARPGROUP)
+        their_turn = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * WARPGROUP)
+        store_warp = 4 + 4 * wg if cutlass.const_expr(cfg.pingpong) else 4
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
@@ -334,14 +372,12 @@ class HopperGemm:
             cute.make_tiled_copy_C_atom(cute.make_copy_atom(
                 cute.nvgpu.warp.StMatrix8x8x16bOp(c_major.is_m_major_c(), 4), c_dtype),
                 tiled_mma))
-        thr_r2s = r2s.get_slice(ctid)
+        thr_r2s = r2s.get_slice(mma_tid)
         tRS_sC = thr_r2s.partition_D(sC)
         tRS_acc = r2s.retile(acc)
         frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
         frag = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
         frag_out = cute.make_rmem_tensor(frag_shape, c_dtype)
-        epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=cfg.consumer_groups * WARPGROUP)
-        store_warp = 4  # the first consumer warp issues the TMA stores
         epi_tiles = cfg.tile_n // cfg.epi_n
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -350,44 +386,63 @@ class HopperGemm:
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         stores = cutlass.Int32(0)
+        local = cutlass.Int32(0)  # tiles this CTA has seen
         while work.is_valid_tile:
             m, n, _ = work.tile_idx
-            acc.fill(0.0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.nvgpu.warpgroup.fence()
-            for k in cutlass.range(k_tiles, unroll=1):
-                loader.consumer_wait(pipe, read)
-                for kb in cutlass.range_constexpr(k_blocks):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                              tCrB[(None, None, kb, read.index)], acc)
-                cute.nvgpu.warpgroup.commit_group()
-                # keep this k-tile's WGMMAs in flight; the previous stage is free once the
-                # group before them has retired
-                cute.nvgpu.warpgroup.wait_group(1)
-                if k > 0:
-                    loader.consumer_release(pipe, release)
-                    release.advance()
-                read.advance()
-            cute.nvgpu.warpgroup.wait_group(0)
-            loader.consumer_release(pipe, release)
-            release.advance()
+            mine = True
+            if cutlass.const_expr(cfg.pingpong):
+                mine = local % 2 == wg
+            if mine:
+                if cutlass.const_expr(cfg.pingpong):
+                    if local > 0:
+                        my_turn.arrive_and_wait()  # the other warpgroup's mainloop is issued
+                acc.fill(0.0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.fence()
+                for k in cutlass.range(k_tiles, unroll=1):
+                    loader.consumer_wait(pipe, read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    # keep this k-tile's WGMMAs in flight; the previous stage is free once
+                    # the group before them has retired
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k > 0:
+                        loader.consumer_release(pipe, release)
+                        release.advance()
+                    read.advance()
+                if cutlass.const_expr(cfg.pingpong):
+                    their_turn.arrive()  # hand the tensor cores over; our epilogue follows
+                cute.nvgpu.warpgroup.wait_group(0)
+                loader.consumer_release(pipe, release)
+                release.advance()
 
-            gC_tile = cute.zipped_divide(gC[(None, None, m, n)], (cfg.tile_m, cfg.epi_n))
-            bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2, gmem_box_rank=1)
-            for e in cutlass.range_constexpr(epi_tiles):
-                for v in cutlass.range_constexpr(cute.size(frag)):
-                    frag[v] = tRS_acc[e * cute.size(frag) + v]
-                frag_out.store(frag.load().to(c_dtype))
-                buf = stores % EPI_STAGES
-                cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
-                cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA (async)
-                epi_sync.arrive_and_wait()
-                if warp == store_warp:
-                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                    tma.commit()
-                    tma.wait(EPI_STAGES - 1)  # the buffer written next is free again
-                epi_sync.arrive_and_wait()
-                stores += 1
+                gC_tile = cute.zipped_divide(gC[(None, None, m, n)], (cfg.tile_m, cfg.epi_n))
+                bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2,
+                                               gmem_box_rank=1)
+                for e in cutlass.range_constexpr(epi_tiles):
+                    for v in cutlass.range_constexpr(cute.size(frag)):
+                        frag[v] = tRS_acc[e * cute.size(frag) + v]
+                    frag_out.store(frag.load().to(c_dtype))
+                    buf = stores % epi_bufs
+                    if cutlass.const_expr(cfg.pingpong):
+                        buf = buf + wg * epi_bufs  # each warpgroup its own buffers
+                    cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
+                    cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
+                    epi_sync.arrive_and_wait()
+                    if warp == store_warp:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+                        tma.commit()
+                        tma.wait(epi_bufs - 1)  # the buffer written next is free again
+                    epi_sync.arrive_and_wait()
+                    stores += 1
+            else:
+                # the other warpgroup's tile: its stages pass us by
+                for _ in cutlass.range(k_tiles, unroll=1):
+                    read.advance()
+                    release.advance()
+            local += 1
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if warp == store_warp:
