@@ -31,8 +31,15 @@ def step_tests(args):
     import pytest
 
     targets = args.pytest or [str(ROOT / "tests")]
+    extra = []
+    try:  # a hung kernel must fail its test, not the whole session
+        import pytest_timeout  # noqa: F401
+
+        extra = ["--timeout=300"]
+    except ImportError:
+        pass
     rc = pytest.main(["-m", "gpu", "-q", "-x" if args.quick else "-q", "-p", "no:cacheprovider",
-                      f"--junitxml={OUT / 'pytest_gpu.xml'}", *targets])
+                      f"--junitxml={OUT / 'pytest_gpu.xml'}", *extra, *targets])
     return f"pytest -m gpu rc={int(rc)}"
 
 
