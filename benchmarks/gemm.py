@@ -33,7 +33,7 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
     "tma_multicast": [dict(load="tma", cluster=(2, 1)), dict(load="tma", cluster=(1, 2))],
     "cp_async": [dict(load="cp_async")],
 }
-PINGPONG = [dict(tile=(64, 256), schedule="pingpong")]
+PINGPONG = [dict(tile=(128, 128), schedule="pingpong")]
 
 
 def candidates(name: str, m: int):

@@ -182,7 +182,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
     if tile is None and schedule == "pingpong":
-        tile = (64, 256 if -(-m // 64) * -(-n // 256) >= sm_count else 128)
+        tile = (128, 128) if m > 64 else (64, 128)
     if tile is None:
         tile_m = 64 if m <= 64 else 128
         tiles_256 = -(-m // tile_m) * -(-n // 256)
@@ -222,7 +222,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
-    ``"pingpong"`` (each warpgroup its own 64-row tiles, epilogues hidden under the other's
+    ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
     WGMMAs). ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
