@@ -28,23 +28,25 @@ PAPER_NK = [  # Table 1 (c) and (d): (N, K)
     (1536, 5120), (512, 5120), (16384, 512), (24576, 1536), (5120, 16384), (32768, 512),
 ]
 PAPER_M = [16, 64, 256, 512, 2048, 8192]
+SMALL_M = [dict(tile=(64, 128)), dict(tile=(64, 256))]
+LARGE_M = [dict(tile=(128, 256)), dict(tile=(128, 128))]
 MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
-    "tma": [dict(load="tma")],
-    "tma_multicast": [dict(load="tma", cluster=(2, 1)), dict(load="tma", cluster=(1, 2))],
-    "cp_async": [dict(load="cp_async")],
+    "tma": [dict(load="tma", **t) for t in LARGE_M]
+    + [dict(load="tma", tile=(128, 128), schedule="pingpong")],
+    "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))],
+    "cp_async": [dict(load="cp_async", **t) for t in LARGE_M],
 }
-PINGPONG = [dict(tile=(128, 128), schedule="pingpong")]
 
 
 def candidates(name: str, m: int):
-    """The mechanism's configurations: cooperative tiles and the pingpong schedule."""
-    tiles = [dict(tile=(64, 128)), dict(tile=(64, 256))] if m <= 64 else [
-        dict(tile=(128, 256)), dict(tile=(128, 128))] + PINGPONG
+    """The mechanism's configurations for this M (one tile row: 64-row tiles, and a
+    multicast along M would share nothing)."""
     for kwargs in MECHANISMS[name]:
-        if m <= 64 and kwargs.get("cluster", (1, 1))[0] > 1:
-            continue  # one tile row: nothing to share along M
-        for tile in tiles:
-            yield dict(kwargs, **tile)
+        if m > 64:
+            yield kwargs
+        elif kwargs.get("cluster", (1, 1))[0] == 1 and kwargs.get("schedule") is None:
+            for small in SMALL_M:
+                yield dict(kwargs, **small)
 
 
 def cells(quick: bool):
@@ -72,7 +74,7 @@ def bench(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
+    return do_bench(graph.replay, warmup=10, rep=40, return_mode="median")
 
 
 def eager_us(fn, calls: int = 50) -> float:
