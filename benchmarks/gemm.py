@@ -41,12 +41,16 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
 def candidates(name: str, m: int):
     """The mechanism's configurations for this M (one tile row: 64-row tiles, and a
     multicast along M would share nothing)."""
+    seen = []
     for kwargs in MECHANISMS[name]:
         if m > 64:
-            yield kwargs
+            options = [kwargs]
         elif kwargs.get("cluster", (1, 1))[0] == 1 and kwargs.get("schedule") is None:
-            for small in SMALL_M:
-                yield dict(kwargs, **small)
+            options = [dict(kwargs, **small) for small in SMALL_M]
+        else:
+            options = []
+        seen += [o for o in options if o not in seen]
+    yield from seen
 
 
 def cells(quick: bool):
