@@ -1,0 +1,203 @@
+"""The seed paper's microbenchmark kernels compiled for sm_90a on a CPU machine: each
+variant issues the data movement it claims and none of the others', and reads the timers
+it reports (compile-only; ``benchmarks/paper`` runs and checks them on the GPU)."""
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutetma import dsl, kernels
+from cutetma.kernels import microbench as mb
+
+BULK = "cp.async.bulk.tensor.2d"
+BULK_CTA = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
+MCAST = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" \
+        ".multicast::cluster"
+CP_ASYNC = "cp.async.cg.shared.global"
+NOINC = "cp.async.mbarrier.arrive.noinc"
+REMOTE_ARRIVE = "mbarrier.arrive.release.cluster.shared::cluster"
+DSM_LOAD = "ld.shared::cluster.v4"
+
+
+def _fake_2d(dtype):
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return make_fake_compact_tensor(dtype, (cute.sym_int32(), cute.sym_int32()),
+                                    stride_order=(1, 0), assumed_align=16)
+
+
+@functools.cache
+def latency_ptx(cfg: mb.LatencyConfig) -> str:
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    return dsl.compile_ptx(mb.SingleShotLatency(cfg), kernels.fake_matrix(4),
+                           _fake_2d(cutlass.Int64), _fake_2d(cutlass.Int32), cutlass.Int32(0),
+                           cutlass.Int32(0), make_fake_stream()).ptx
+
+
+@functools.cache
+def stream_ptx(cfg: mb.StreamConfig) -> str:
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    return dsl.compile_ptx(mb.StreamingLoad(cfg), kernels.fake_matrix(4),
+                           _fake_2d(cutlass.Int32), cutlass.Int32(0), cutlass.Int32(0),
+                           make_fake_stream()).ptx
+
+
+@functools.cache
+def broadcast_ptx(cfg: mb.BroadcastConfig) -> str:
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    return dsl.compile_ptx(mb.ClusterBroadcast(cfg), kernels.fake_matrix(4),
+                           _fake_2d(cutlass.Int32), cutlass.Int32(0), cutlass.Int32(0),
+                           cutlass.Int32(0), make_fake_stream()).ptx
+
+
+def _timers(text):
+    return text.count("%globaltimer"), text.count("%clock64")
+
+
+# ------------------------------------------------------------------ Figure 4 (a): latency
+@pytest.mark.parametrize("rows", [1, 32, 256])
+def test_latency_tma_is_one_box(rows):
+    text = latency_ptx(mb.LatencyConfig("tma", rows))
+    assert text.count(BULK_CTA) == 1  # the whole tile, up to 128 KiB, in one instruction
+    assert CP_ASYNC not in text and "multicast::cluster" not in text
+    assert "mbarrier.arrive.expect_tx" in text and "mbarrier.try_wait.parity" in text
+    assert _timers(text) == (2, 2)
+
+
+@pytest.mark.parametrize("rows,vectors", [(1, 1), (32, 4), (256, 32)])
+def test_latency_cp_async_vectors_per_thread(rows, vectors):
+    cfg = mb.LatencyConfig("cp_async", rows)
+    assert cfg.vectors_per_thread == vectors
+    text = latency_ptx(cfg)
+    assert text.count(CP_ASYNC) == vectors
+    assert NOINC in text and "cp.async.bulk" not in text
+    assert _timers(text) == (2, 2)
+
+
+def test_latency_timers_bracket_the_load():
+    text = latency_ptx(mb.LatencyConfig("tma", 8))
+    order = [m.group(0) for m in re.finditer(
+        r"%globaltimer|%clock64|cp\.async\.bulk\.tensor|mbarrier\.try_wait", text)]
+    assert order == ["%globaltimer", "%clock64", "cp.async.bulk.tensor",
+                     "mbarrier.try_wait", "%clock64", "%globaltimer"]
+
+
+# ------------------------------------------------------------------ Figure 4 (c): streaming
+@pytest.mark.parametrize("stages", [1, 4])
+def test_stream_tma(stages):
+    text = stream_ptx(mb.StreamConfig("tma", 16, stages=stages))
+    assert text.count(BULK_CTA) == stages + 1  # unrolled prologue + the refill in the loop
+    assert text.count("mbarrier.init") == stages
+    assert CP_ASYNC not in text and "multicast" not in text
+
+
+def test_stream_cp_async():
+    cfg = mb.StreamConfig("cp_async", 64, stages=2)  # 32 KiB: 8 vectors per thread
+    text = stream_ptx(cfg)
+    assert text.count(CP_ASYNC) == (cfg.stages + 1) * 8
+    assert NOINC in text and "cp.async.bulk" not in text
+
+
+# ------------------------------------------------------------------ Figures 6 and 7
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_redundant_unicast(cluster):
+    text = broadcast_ptx(mb.BroadcastConfig("tma", cluster, 16, 64))
+    assert BULK_CTA in text and "multicast" not in text
+    assert REMOTE_ARRIVE not in text and "ld.shared::cluster" not in text  # runs free
+    assert text.count("barrier.cluster.arrive") == 2  # start and end only
+
+
+@pytest.mark.parametrize("load", ["tma_multicast", "tma_multicast_split"])
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_multicast(load, cluster):
+    text = broadcast_ptx(mb.BroadcastConfig(load, cluster, 16, 64))
+    assert MCAST in text and BULK_CTA not in text
+    assert REMOTE_ARRIVE in text and "mapa.shared::cluster" in text  # release the stage
+    assert "ld.shared::cluster" not in text
+
+
+@pytest.mark.parametrize("cluster,mask", [(2, "3"), (16, "-1")])
+def test_leader_multicast_mask_covers_the_cluster(cluster, mask):
+    text = broadcast_ptx(mb.BroadcastConfig("tma_multicast", cluster, 16, 64))
+    masks = re.findall(r"mov\.b16\s+(%rs\d+),\s*(-?\d+);", text)
+    assert masks and all(value == mask for _, value in masks)
+    for reg, _ in masks:  # the mask register is the multicast operand
+        assert re.search(rf"multicast::cluster\S*\s.*\],\s*{reg},", text)
+
+
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_dsm_broadcast(cluster):
+    text = broadcast_ptx(mb.BroadcastConfig("dsm", cluster, 56, 256))
+    assert BULK_CTA in text and "multicast" not in text  # the leader's unicast TMA
+    assert "mapa.shared::cluster" in text and DSM_LOAD in text
+    assert "st.shared.v4" in text  # into the peer's own stage
+    assert text.count("barrier.cluster.arrive") == 4  # start, two per iteration, end
+
+
+def test_timer_calibration():
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    text = dsl.compile_ptx(mb.TimerCalibration(), make_fake_compact_tensor(cutlass.Int64, (4,)),
+                           cutlass.Int64(0), make_fake_stream()).ptx
+    assert _timers(text) == (2, 2)  # globaltimer: start, end; clock64: start, the spin
+
+
+# ------------------------------------------------------------------ configs
+def test_tile_shape():
+    assert mb.tile_shape(512, cols=128) == (1, 128)
+    assert mb.tile_shape(56 * 1024) == (56, 256)
+    assert mb.tile_shape(2048, min_rows=16) == (16, 32)
+    with pytest.raises(ValueError, match="no \\(rows, cols\\) box"):
+        mb.tile_shape(1024, min_rows=16, cols=256)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: mb.LatencyConfig("tma", 512), "rows 1..256"),
+    (lambda: mb.LatencyConfig("bulk", 8), "choose one of"),
+    (lambda: mb.StreamConfig("tma", 256, 256, stages=2), "shared memory"),
+    (lambda: mb.BroadcastConfig("tma_multicast", 32, 16, 64), "cluster=32"),
+    (lambda: mb.BroadcastConfig("tma_multicast_split", 16, 8, 64), "do not divide"),
+    (lambda: mb.BroadcastConfig("tma", 4, 128, 256, stages=2), "shared memory"),
+])
+def test_configs_refuse(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_launch_smem_caps_ctas_per_sm(k):
+    smem = mb.launch_smem(1024, k)
+    per_cta = smem + mb.SMEM_RESERVED
+    assert k * per_cta <= mb.SMEM_PER_SM < (k + 1) * per_cta and smem <= mb.SMEM_PER_CTA
+    assert mb.launch_smem(1024, 0) is None
+    with pytest.raises(ValueError, match="do not fit"):
+        mb.StreamConfig("tma", 64, stages=2, ctas_per_sm=4)  # 64 KiB > 56 KiB a CTA
+
+
+def test_benchmark_sweeps_are_valid_configs():
+    """Every point the paper scripts sweep is a valid config (compiling them all takes about
+    a minute: ``benchmarks/paper`` does that on the GPU); 256 KiB in flight per CTA in
+    Figure 6 is reported as unsupported, not attempted."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))
+    import fig4
+    import fig6
+    import fig7
+
+    stream = fig4.stream_cases(quick=False)
+    assert {c.ctas_per_sm for c in stream} == {1, 2, 4} and len(stream) % 2 == 0
+    assert max(c.ctas_per_sm * c.smem_bytes for c in stream) == 128 * 1024
+    refused = [why for _, why in fig6.cases(quick=False) if why]
+    assert len(refused) == len(fig6.CLUSTERS) * len(fig6.LOADS)
+    assert all("shared memory" in why for why in refused)
+    assert len(fig7.cases(quick=False)) == 4 * 20 * 2
