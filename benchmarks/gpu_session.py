@@ -58,8 +58,25 @@ def step_gemm_tune(args):
     return f"gemm tune rc={gemm_tune.main(['--out', str(OUT)])}"
 
 
+def step_tutorials(args):
+    """Run the GPU tutorials; each one's output is kept for its 'Measured on the H200' block."""
+    import subprocess
+
+    done = []
+    for script in sorted((ROOT / "tutorials").glob("0*.py")):
+        log = OUT / f"tutorial_{script.stem[:2]}.log"
+        try:
+            proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                                  timeout=240, cwd=ROOT)
+            log.write_text(proc.stdout + proc.stderr)
+            done.append(f"{script.stem[:2]}:rc={proc.returncode}")
+        except subprocess.TimeoutExpired:
+            done.append(f"{script.stem[:2]}:timeout")
+    return " ".join(done)
+
+
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
-         "gemm_tune": step_gemm_tune}
+         "gemm_tune": step_gemm_tune, "tutorials": step_tutorials}
 
 
 def main():

@@ -83,3 +83,15 @@ def test_custom_op_fake_shapes():
     assert c.shape == (100, 48) and c.dtype == torch.float32
     c2 = torch.ops.cutetma.gemm(a, b.T.contiguous(), False, "tma", torch.float16)
     assert c2.shape == (100, 48)
+
+
+@pytest.mark.parametrize("stages,match", [(1, "at least 2"), (9, "do not fit")])
+def test_stage_count_is_checked(stages, match):
+    with pytest.raises(ValueError, match=match):
+        GemmConfig(stages=stages).num_stages()
+
+
+def test_default_stages_fill_shared_memory():
+    cfg = GemmConfig()  # 128x256: 48 KiB a stage beside a 32 KiB epilogue
+    assert cfg.num_stages() == 4
+    assert GemmConfig(tile_n=128).num_stages() == 6

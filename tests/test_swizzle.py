@@ -118,3 +118,12 @@ def test_narrow_swizzled_box_rows_take_a_whole_span():
     dense = hw.smem_byte_offsets((8, 16), 2, "128B", row_pitch=32)
     assert not np.array_equal(dense, offs)
     assert hw.box_row_pitch(32, "none") == 32  # no swizzle: rows stay packed
+
+
+def test_bank_rows_of_a_taller_tile():
+    """Rows 1..8 of a 16-row grouped tile: group 1 starts after all 16 rows (2048 B)."""
+    rep = hw.column_access_banks(256, 9, range(1, 9), "128B", grouped=True, box_rows=16)
+    assert rep.byte_addresses[0] == 2048 + 1 * 128 + 16 * (1 ^ 1)
+    assert rep.distinct == 8
+    with pytest.raises(ValueError, match="does not contain"):
+        hw.column_access_banks(256, 0, range(8), "128B", box_rows=4)

@@ -10,7 +10,7 @@ stays light and works without the CuTe DSL or a GPU.
 
 __version__ = "0.1.0"
 
-_OPS = ("smem_image", "tma_round_trip")
+_OPS = ("smem_image", "tma_round_trip", "gemm")
 
 
 def __getattr__(name):

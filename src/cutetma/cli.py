@@ -9,6 +9,8 @@ subcommand -> ``cutetma.swizzle`` computes -> ``cutetma.viz.text`` words it for 
     cutetma swizzle banks   --mode 128B --dtype fp16 --row-bytes 256 --column 0 --rows 0-7
                             (--grouped | --ungrouped) [--json] [--png FILE]
     cutetma swizzle figures --out DIR
+    cutetma swizzle html    --out FILE          (the interactive explorer, one file)
+    cutetma swizzle hardware [--quick] [--out DIR]   (GPU: hardware vs model vs CuTe)
     cutetma tour            [--out DIR]
 
 Every user mistake -- an argparse complaint or a ``ValueError`` naming the TMA rule the
@@ -217,6 +219,15 @@ def run_figures(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- html
+def run_html(args) -> int:
+    """The chapter's three figures as one interactive, self-contained HTML page."""
+    from cutetma.viz import html
+
+    print(html.write_html(args.out))
+    return 0
+
+
 # --------------------------------------------------------------------------- tour
 def _tour_figures(args):
     """The chapter's figures"""
@@ -382,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     figures_parser = swizzle_commands.add_parser("figures", help="write the chapter's PNGs")
     figures_parser.add_argument("--out", required=True, metavar="DIR")
     figures_parser.set_defaults(run=run_figures)
+
+    html_parser = swizzle_commands.add_parser(
+        "html", help="write the chapter's three figures as one interactive HTML page"
+    )
+    html_parser.add_argument("--out", required=True, metavar="FILE")
+    html_parser.set_defaults(run=run_html)
 
     hw_parser = swizzle_commands.add_parser(
         "hardware", help="(GPU) what the hardware writes vs the model and the CuTe algebra"

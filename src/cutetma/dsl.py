@@ -114,19 +114,19 @@ def compile_ptx(jit_fn, *args, opt_level: int = 3, **kwargs) -> CompiledKernel:
     so this runs on a machine with no GPU. Raises ``RuntimeError`` if no PTX comes back.
     """
     _, cute = cutlass()
-    dump_dir = tempfile.mkdtemp(prefix="cutetma-ptx-")  # must exist before compiling
-    options = f"--keep-ptx --dump-dir={dump_dir} --opt-level {opt_level}"
-    compiled = cute.compile(jit_fn, *args, options=options, **kwargs)
-    ptx = getattr(compiled, "__ptx__", None)
-    if not ptx:
-        dumped = [f for f in os.listdir(dump_dir) if f.endswith(".ptx")]
-        if dumped:
-            with open(os.path.join(dump_dir, dumped[0])) as f:
-                ptx = f.read()
+    with tempfile.TemporaryDirectory(prefix="cutetma-ptx-") as dump_dir:  # must exist first
+        options = f"--keep-ptx --dump-dir={dump_dir} --opt-level {opt_level}"
+        compiled = cute.compile(jit_fn, *args, options=options, **kwargs)
+        ptx = getattr(compiled, "__ptx__", None)
+        if not ptx:
+            dumped = [f for f in os.listdir(dump_dir) if f.endswith(".ptx")]
+            if dumped:
+                with open(os.path.join(dump_dir, dumped[0])) as f:
+                    ptx = f.read()
     if not ptx:
         raise RuntimeError(
             f"compiling {getattr(jit_fn, '__name__', jit_fn)} for {ARCH} returned no PTX "
-            f"(dump folder {dump_dir} is empty): the kernel may not have been lowered"
+            f"(nor did its dump folder): the kernel may not have been lowered"
         )
     if f".target {ARCH}" not in ptx:
         raise DSLArchError(f"the PTX does not target {ARCH}: {ptx.splitlines()[:12]}")

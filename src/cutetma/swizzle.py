@@ -390,13 +390,15 @@ def column_access_banks(
     swizzle: str | SwizzleMode = "128B",
     *,
     grouped: bool = True,
+    box_rows: int | None = None,
 ) -> BankReport:
     """Banks hit when a warp reads 16-byte sector ``column`` of each of ``rows``.
 
     The tile is ``row_bytes`` wide. ``grouped`` splits each row into span-wide groups first
     (the 3D TMA layout: group g is its own dense block of all rows); ungrouped keeps the
     full row stride, which is not a legal TMA box when ``row_bytes`` > span and exists only
-    as the chapter's comparison.
+    as the chapter's comparison. ``box_rows`` is the tile's height (where group 1 starts);
+    by default the rows read are the top of the tile (``max(rows) + 1``).
     """
     m = mode(swizzle)
     sectors_per_row = row_bytes // SECTOR_BYTES
@@ -407,7 +409,9 @@ def column_access_banks(
     rows = list(rows)
     if any(r < 0 for r in rows):
         raise ValueError("rows must be non-negative")
-    n_rows = max(rows) + 1
+    n_rows = box_rows if box_rows is not None else max(rows) + 1
+    if n_rows <= max(rows):
+        raise ValueError(f"box_rows={n_rows} does not contain row {max(rows)}")
     if grouped and m.bits and row_bytes > m.span:
         span_sectors = m.span // SECTOR_BYTES
         group, local = divmod(column, span_sectors)

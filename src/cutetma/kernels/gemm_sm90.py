@@ -40,6 +40,7 @@ from cutetma.copy import tma
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cuda.bindings import driver as cuda  # noqa: E402
 from cutlass import pipeline  # noqa: E402
@@ -114,9 +115,16 @@ class GemmConfig:
         return self.tile_m * self.epi_n * out_bytes * EPI_STAGES
 
     def num_stages(self, out_bytes: int = 2) -> int:
-        if self.stages:
-            return self.stages
-        return (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes)) // self.stage_bytes()
+        """Pipeline depth: ``stages`` if given, else as many as shared memory holds."""
+        fit = (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes)) // self.stage_bytes()
+        stages = self.stages or fit
+        if stages < 2:
+            raise ValueError(f"{stages} stage(s): the consumer keeps one WGMMA group in flight "
+                             f"while it waits for the next stage, so at least 2 are needed")
+        if stages > fit:
+            raise ValueError(f"{stages} stages of {self.stage_bytes() // 1024} KiB do not fit in "
+                             f"shared memory beside the epilogue: at most {fit} for this tile")
+        return stages
 
 
 EPI_STAGES = 4
@@ -135,9 +143,9 @@ class HopperGemm:
                  max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream):
         cfg = self.cfg
         ab_dtype, c_dtype = mA.element_type, mC.element_type
-        a_major = utils.LayoutEnum.from_tensor(mA)
-        b_major = utils.LayoutEnum.from_tensor(mB)
-        c_major = utils.LayoutEnum.from_tensor(mC)
+        a_major = LayoutEnum.from_tensor(mA)
+        b_major = LayoutEnum.from_tensor(mB)
+        c_major = LayoutEnum.from_tensor(mC)
         tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
         stages = cfg.num_stages(c_dtype.width // 8)
 

@@ -1,0 +1,185 @@
+"""05 - A two-stage, then an N-stage pipeline: what a bubble costs, measured.
+
+Run: ``python tutorials/05_pipeline.py``. On a CPU machine it prints the shared-memory
+arithmetic that decides how many stages fit and compiles the GEMM with 2 and with the most
+stages (timing skipped, saying why); on an H200 it times the same GEMM with 2, 3, 4 and the
+most stages, by TMA and by cp.async.
+
+**The bubble.** In a GEMM mainloop the Tensor Cores consume one k-tile of A and B per step.
+If the next k-tile is not in shared memory when the current one is finished, the Tensor
+Cores idle: a *bubble*. A load takes roughly a fixed latency (hundreds of cycles from L2,
+more from HBM); one k-tile of MMA takes a fixed compute time. With one buffer, every step
+pays the whole latency. With two stages
+
+    time t:    MMA reads stage 0    TMA fills stage 1
+    time t+1:  MMA reads stage 1    TMA fills stage 0
+
+the load of k+1 overlaps the MMA of k, and the bubble disappears only if one k-tile of MMA
+takes longer than one load. When it does not, more stages let more loads be in flight:
+roughly ``stages - 1 >= load latency / MMA time per k-tile`` (Little's law).
+
+**The handshake per stage** is a (full, empty) pair of mbarriers: the producer waits *empty*,
+arms *full* with the stage's bytes (``expect_tx``) and issues the TMA copies; the consumer
+waits *full*, runs WGMMA, and arrives on *empty* when its WGMMA no longer reads the stage. The
+GEMM keeps one WGMMA group in flight, so it releases the *previous* stage: it needs at least
+two stages.
+
+**How many stages fit.** Each stage holds one k-tile of A and of B:
+``(tile_m + tile_n) x 64 x 2`` bytes of fp16; the epilogue keeps its own shared buffers; the
+rest of the 227 KiB of shared memory per CTA becomes stages (``GemmConfig.num_stages``).
+
+The cp.async counterpart: the same kernel with its producer swapped
+(``GemmConfig(load="cp_async")``): 128 producer threads issue 16-byte copies instead of one
+thread issuing TMA, which costs issue slots and registers, so it tends to need more stages
+to hide the same latency.
+
+Kernel: ``cutetma.kernels.gemm_sm90.HopperGemm``. ``cutetma.ops.gemm`` always uses the most
+stages, so this tutorial builds ``HopperGemm(GemmConfig(stages=s))`` itself, the way
+``ops.gemm`` does (``cute.compile`` once, then launch on the current stream).
+
+Measured on the H200: (not yet run)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cutetma import kernels
+from cutetma.kernels import gpu_unavailable
+
+SMEM_KIB = 227
+TILES = [(128, 256), (128, 128), (64, 256), (64, 128)]
+TIMED_TILE = (128, 128)  # the most stages (6) of the big tiles: room to see the trend
+MNK = (8192, 8192, 8192)
+
+
+def heading(title: str) -> None:
+    print(f"\n== {title}")
+
+
+def stage_arithmetic():
+    heading("1. Shared memory per stage, and how many stages fit (fp16 in, fp16 out)")
+    from cutetma.kernels.gemm_sm90 import SMEM_CAPACITY, GemmConfig
+
+    print(f"capacity {SMEM_CAPACITY} B ({SMEM_KIB} KiB), 1024 B reserved for barriers/alignment")
+    print(f"{'tile':>9} {'stage bytes':>11} {'epilogue':>9} {'stages':>6} "
+          f"{'flop per loaded byte':>20}")
+    for tm, tn in TILES:
+        cfg = GemmConfig(tile_m=tm, tile_n=tn)
+        stage, epi, n = cfg.stage_bytes(), cfg.epi_bytes(2), cfg.num_stages(2)
+        intensity = 2 * tm * tn * cfg.tile_k / stage
+        print(f"{tm:>4}x{tn:<4} {stage:>11} {epi:>9} {n:>6} {intensity:>20.1f}"
+              f"   = ({SMEM_CAPACITY} - 1024 - {epi}) // {stage}")
+    return GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1]).num_stages(2)
+
+
+def barriers_in_the_ptx(most: int) -> dict:
+    heading(f"2. The ring in the PTX: one (full, empty) mbarrier pair per stage "
+            f"(tile {TIMED_TILE[0]}x{TIMED_TILE[1]})")
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    found = {}
+    for stages in (2, most):
+        cfg = GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1], stages=stages)
+        ptx = kernels.compile_gemm(cfg).ptx
+        found[stages] = ptx.count("mbarrier.init")
+        print(f"stages={stages}: {found[stages]} mbarrier.init, "
+              f"{ptx.count('mbarrier.arrive.expect_tx')} expect_tx (one per k-tile, in the "
+              f"producer loop), {ptx.count('wgmma.mma_async')} wgmma per k-tile (64 / 16)")
+    return found
+
+
+def time_ms(fn, iters: int = 20) -> float:
+    """Mean milliseconds per call of ``fn`` between two CUDA events around ``iters`` back-to-back
+    calls, after a warm-up (the launches queue up, so host overhead hides behind the GPU)."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def gemm_with_stages(cfg, a, b, c):
+    """Compile ``HopperGemm(cfg)`` for these tensors, as ``cutetma.ops.gemm`` does, and return
+    a launcher."""
+    from cutetma import dsl
+
+    _, cute = dsl.cutlass()  # imports the DSL for sm_90a before anything else touches it
+    import cutlass.utils as utils
+    import torch
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import from_dlpack
+
+    from cutetma.kernels.gemm_sm90 import HopperGemm
+
+    tensors = [from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+               for t in (a, b, c)]
+    clusters = utils.HardwareInfo().get_max_active_clusters(cfg.cluster_m * cfg.cluster_n)
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    kernel = cute.compile(HopperGemm(cfg), *tensors, clusters, stream)
+    return lambda: kernel(*tensors, stream)
+
+
+def on_the_gpu(most: int) -> str:
+    import torch
+
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    m, n, k = MNK
+    heading(f"3. On the GPU: C = A B^T, {m}x{n}x{k} fp16, tile {TIMED_TILE}, by stages")
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    ref = (a @ b.T).float()
+    flops = 2 * m * n * k
+    rows = []
+    plan = [("tma", s) for s in sorted({2, 3, 4, most})] + [("cp_async", 2), ("cp_async", most)]
+    for load, stages in plan:
+        cfg = GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1], load=load, stages=stages)
+        run = gemm_with_stages(cfg, a, b, c)
+        run()
+        torch.cuda.synchronize()
+        err = (c.float() - ref).abs().max().item()
+        ms = time_ms(run)
+        rows.append((load, stages, ms))
+        print(f"{load:>8} stages={stages}: {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  "
+              f"(max |C - A@B^T| = {err:.3g})")
+    best = {load: min(ms for ld, _, ms in rows if ld == load) for load in ("tma", "cp_async")}
+    two = {load: next(ms for ld, s, ms in rows if ld == load and s == 2)
+           for load in ("tma", "cp_async")}
+    return ("on the H200 two stages cost "
+            + ", ".join(f"{load} {100 * (two[load] / best[load] - 1):.0f}% over its best"
+                        for load in ("tma", "cp_async")))
+
+
+def main() -> int:
+    print("05 - pipelines: two stages, then N")
+    most = stage_arithmetic()
+    found = barriers_in_the_ptx(most)
+    reason = gpu_unavailable()
+    if reason:
+        heading("3. On the GPU")
+        print(f"skipped: {reason}. On an H200 this step times C = A B^T ({MNK[0]}^3 fp16, tile "
+              f"{TIMED_TILE}) with 2, 3, 4 and {most} stages (TMA) and 2 and {most} (cp.async) "
+              "with CUDA events.")
+        measured = "Timing skipped: no Hopper GPU here"
+    else:
+        measured = on_the_gpu(most)
+    heading("Takeaway:")
+    print(f"Takeaway: a stage is (tile_m + tile_n) x 64 x 2 bytes, so a {TIMED_TILE[0]}x"
+          f"{TIMED_TILE[1]} tile fits {most} stages in {SMEM_KIB} KiB "
+          f"({found[most]} mbarriers: a full/empty pair each, vs {found[2]} for two stages). "
+          f"Two stages overlap one load with one MMA step; more stages keep more loads in "
+          f"flight to cover the load latency. {measured}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
