@@ -40,10 +40,10 @@ from cutetma.copy import tma
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cuda.bindings import driver as cuda  # noqa: E402
 from cutlass import pipeline  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 SMEM_CAPACITY = 227 * 1024
 WARPGROUP = 128
