@@ -78,7 +78,7 @@ def bench(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return do_bench(graph.replay, warmup=10, rep=40, return_mode="median")
+    return do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
 
 
 def eager_us(fn, calls: int = 50) -> float:
@@ -144,9 +144,15 @@ def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
     return row
 
 
-def run(quick: bool, dtypes=("float16", "bfloat16")) -> list[dict]:
+def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None) -> list[dict]:
+    """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
     todo = [(d, c) for d in dtypes for c in cells(quick)]
-    return [measure_cell(dtype, *mnk) for dtype, mnk in progress(todo, len(todo))]
+    rows = []
+    for dtype, mnk in progress(todo, len(todo)):
+        rows.append(measure_cell(dtype, *mnk))
+        if checkpoint:
+            checkpoint(rows)
+    return rows
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -215,9 +221,12 @@ def main(argv=None):
 
     out = Path(args.out)
     t0 = time.time()
-    rows = run(args.quick)
+    def checkpoint(rows):
+        results.write("gemm", rows, out, extra_meta={"complete": False})
+
+    rows = run(args.quick, checkpoint=checkpoint)
     summary = summarize(rows)
-    path = results.write("gemm", rows, out, extra_meta={"summary": summary,
+    path = results.write("gemm", rows, out, extra_meta={"summary": summary, "complete": True,
                                                         "seconds": round(time.time() - t0)})
     plot(rows, out / "gemm.png")
     print(f"wrote {path} and {out / 'gemm.png'}")

@@ -58,6 +58,13 @@ def step_gemm_tune(args):
     return f"gemm tune rc={gemm_tune.main(['--out', str(OUT)])}"
 
 
+def step_gemm_headline(args):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gemm_tune
+
+    return f"gemm headline rc={gemm_tune.main(['--out', str(OUT), '--headline-only'])}"
+
+
 def step_tutorials(args):
     """Run the GPU tutorials; each one's output is kept for its 'Measured on the H200' block."""
     import subprocess
@@ -76,7 +83,8 @@ def step_tutorials(args):
 
 
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
-         "gemm_tune": step_gemm_tune, "tutorials": step_tutorials}
+         "gemm_tune": step_gemm_tune, "gemm_headline": step_gemm_headline,
+         "tutorials": step_tutorials}
 
 
 def main():
