@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import bench  # noqa: E402  (same timing: CUDA-graph replays, L2 flushed)
 
 SIZES = [(8192, 8192, 8192), (4096, 4096, 4096)]
-TILES = [(128, 256, "cooperative"), (128, 128, "pingpong")]
+TILES = [(128, 256, "cooperative"), (64, 256, "pingpong")]
 CLUSTERS = [(1, 1), (2, 1)]
 RASTER = [1, 8]  # clusters per rasterization band
 EPI_N = [32]  # epilogue sub-tile width (64 measured no better, 2026-11-30)
@@ -26,7 +26,7 @@ EPI_N = [32]  # epilogue sub-tile width (64 measured no better, 2026-11-30)
 HEADLINE_CANDIDATES = [  # (tile_m, tile_n, schedule), cluster, raster, epi_n: the sweep's best
     ((128, 256, "cooperative"), (1, 1), 8, 32),
     ((128, 256, "cooperative"), (2, 1), 8, 32),
-    ((128, 128, "pingpong"), (1, 1), 8, 32),
+    ((64, 256, "pingpong"), (1, 1), 8, 32),
 ]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -69,16 +68,16 @@ def step_tutorials(args):
     """Run the GPU tutorials; each one's output is kept for its 'Measured on the H200' block."""
     import subprocess
 
-    done = []
+    done, logs = [], []
     for script in sorted((ROOT / "tutorials").glob("0*.py")):
-        log = OUT / f"tutorial_{script.stem[:2]}.log"
         try:
             proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                                   timeout=240, cwd=ROOT)
-            log.write_text(proc.stdout + proc.stderr)
+            logs.append(f"===== {script.name} rc={proc.returncode}\n{proc.stdout}{proc.stderr}")
             done.append(f"{script.stem[:2]}:rc={proc.returncode}")
         except subprocess.TimeoutExpired:
             done.append(f"{script.stem[:2]}:timeout")
+    (OUT / "tutorials.log").write_text("\n".join(logs))  # one file: $OUT returns at most 8
     return " ".join(done)
 
 
@@ -107,8 +106,6 @@ def main():
             summary.append(f"{name}: FAILED {type(exc).__name__}: {exc} ({time.time() - t0:.0f} s)")
     print("\n===== summary")
     print("\n".join(summary))
-    for f in (ROOT / "benchmarks" / "results").glob("*.png"):
-        shutil.copy(f, OUT)
 
 
 if __name__ == "__main__":

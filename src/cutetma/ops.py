@@ -182,7 +182,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
     if tile is None and schedule == "pingpong":
-        tile = (128, 128) if m > 64 else (64, 128)
+        tile = (64, 256) if m > 64 else (64, 128)
     if tile is None:
         tile_m = 64 if m <= 64 else 128
         tiles_256 = -(-m // tile_m) * -(-n // 256)

@@ -64,8 +64,8 @@ class GemmConfig:
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
     epi_n: int = 32  # epilogue sub-tile width
     # "cooperative": both consumer warpgroups share each tile (64 rows each);
-    # "pingpong": each owns whole tiles (at most 128x128), alternately, so one's epilogue
-    # hides under the other's WGMMAs (named barriers hand the tensor cores back and forth)
+    # "pingpong": each owns whole 64-row tiles, alternately, so one's epilogue hides under
+    # the other's WGMMAs (named barriers hand the tensor cores back and forth)
     schedule: str = "cooperative"
 
     def __post_init__(self):
@@ -83,9 +83,10 @@ class GemmConfig:
             raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
         if self.schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
-        if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
-            raise ValueError("pingpong gives one warpgroup a whole tile: at most 128x128 "
-                             "(its fp32 accumulator lives in that warpgroup's registers)")
+        if self.schedule == "pingpong" and self.tile_m != 64:
+            # 128-row tiles per warpgroup (two m64 WGMMA rows) compiled but gave wrong results
+            # on the H200 (benchmarks/results/gemm.json, 2026-11-30): refused until fixed
+            raise ValueError("pingpong gives each warpgroup whole 64-row tiles: tile_m must be 64")
 
     @property
     def pingpong(self) -> bool:
