@@ -28,7 +28,16 @@ broadcast. cp.async cannot multicast at all: it writes only its own CTA's shared
 Kernel: ``cutetma.kernels.tile_copy.SmemProbe`` with ``load="tma_multicast"`` (through
 ``cutetma.smem_image(..., cluster=N)`` on the GPU, ``compile_probe`` on the CPU).
 
-Measured on the H200: (not yet run)
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
+2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
+
+    == 3. On the GPU: every CTA's shared memory, against the model
+    single CTA, plain TMA: equal to the model: True
+    tma_multicast x2: 2 CTAs x 8192 bytes, each equal to the model: [True, True]
+    tma_multicast x4: 4 CTAs x 8192 bytes, each equal to the model: [True, True, True, True]
+              dsm x2: 2 CTAs x 8192 bytes, each equal to the model: [True, True]
+
+    Takeaway: with a cluster of N, each CTA issues 1/N of the box with mask (1 << N) - 1 (PTX: 3 for N=2, 15 for N=4) and still expects all 8192 bytes on its own barrier: L2 is read once, 8192 bytes instead of N x 8192, and N shared-memory copies appear. on the H200 8 of 8 CTA images equal the single-CTA model.
 """
 
 from __future__ import annotations

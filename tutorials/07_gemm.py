@@ -32,7 +32,21 @@ Kernel: ``cutetma.kernels.gemm_sm90.HopperGemm``; the torch entry point is
 ``cutetma.ops.gemm(a, b)`` (C = A @ B^T; ``trans_b=False`` for torch.matmul's layout).
 ``benchmarks/gemm.py`` is the full benchmark (CUDA graphs, L2 flushed, many shapes).
 
-Measured on the H200: (not yet run)
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
+2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
+
+    == 2. On the GPU: correctness against torch (fp32 reference)
+    4096x4096x4096: max error 0.126 (torch.matmul's own: 0.126)
+    1000x129x4097: max error 0.124 (torch.matmul's own: 0.124)
+    17x1000x256: max error 0.0156 (torch.matmul's own: 0.0156)
+
+    == 3. On the GPU: 8192x8192x8192 fp16, CUDA events
+    torch.matmul (cuBLAS)          1.432 ms   767.7 TFLOP/s
+    cutetma tma                    1.560 ms   704.6 TFLOP/s
+    cutetma tma_multicast (1x2)    1.428 ms   770.0 TFLOP/s
+    cutetma cp_async               1.868 ms   588.5 TFLOP/s
+
+    Takeaway: the GEMM is the earlier pieces in one kernel: 2 TMA loads (A and B) per stage feed 4 wgmma.mma_async per k-tile through a 8-mbarrier ring, and a TMA-store epilogue; the cp.async variant swaps only the producer (0 TMA loads, 48 cp.async.cg in its PTX). on the H200 the TMA GEMM runs at 705 TFLOP/s (92% of cuBLAS), cp.async at 588; worst error 1.00x torch's own.
 """
 
 from __future__ import annotations
