@@ -95,3 +95,14 @@ def test_default_stages_fill_shared_memory():
     cfg = GemmConfig()  # 128x256: 48 KiB a stage beside a 32 KiB epilogue
     assert cfg.num_stages() == 4
     assert GemmConfig(tile_n=128).num_stages() == 6
+
+
+def test_raster_band_never_pads_the_grid():
+    from cutetma.ops import raster_band
+
+    for n, tile_n, cluster_n in [(512, 128, 1), (1536, 256, 1), (8192, 256, 1), (7680, 256, 2),
+                                 (1000, 128, 1), (17, 128, 2)]:
+        band = raster_band(n, tile_n, cluster_n)
+        clusters = -(-(-(-n // tile_n)) // cluster_n)
+        assert band in (1, 2, 4, 8) and clusters % band == 0
+    assert raster_band(8192, 256, 1) == 8

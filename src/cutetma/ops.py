@@ -188,7 +188,17 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         tiles_256 = -(-m // tile_m) * -(-n // 256)
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
-                      cluster_n=cluster[1], load=mechanism, schedule=schedule)
+                      cluster_n=cluster[1], load=mechanism, schedule=schedule,
+                      raster_swizzle=raster_band(n, tile[1], cluster[1]))
+
+
+def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
+    """Clusters per rasterization band: the largest of 8, 4, 2, 1 that divides the clusters
+    along N. The scheduler rounds that count up to a whole band, and every phantom tile it
+    adds is a CTA's worth of wasted work (N = 512 in 128-wide tiles padded to 8 tiles ran at
+    a third of cuBLAS's speed on the H200, benchmarks/results/gemm.json, 2026-11-30)."""
+    clusters_n = -(-(-(-n // tile_n)) // cluster_n)
+    return next(s for s in (8, 4, 2, 1) if clusters_n % s == 0)
 
 
 @functools.cache
