@@ -14,6 +14,7 @@ shape does not recompile.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -197,7 +198,7 @@ def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
     along N. The scheduler rounds that count up to a whole band, and every phantom tile it
     adds is a CTA's worth of wasted work (N = 512 in 128-wide tiles padded to 8 tiles ran at
     a third of cuBLAS's speed on the H200, benchmarks/results/gemm.json, 2026-11-30)."""
-    clusters_n = -(-(-(-n // tile_n)) // cluster_n)
+    clusters_n = math.ceil(math.ceil(n / tile_n) / cluster_n)
     return next(s for s in (8, 4, 2, 1) if clusters_n % s == 0)
 
 
