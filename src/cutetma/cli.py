@@ -285,6 +285,16 @@ def _tour_hardware(args):
         print(f"skipped: {reason} (run `cutetma swizzle hardware` on an H200)")
         return
     run_hardware(argparse.Namespace(quick=True, out=None))
+    import torch
+
+    from cutetma import ops
+
+    a = torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3000, 4096, device="cuda", dtype=torch.bfloat16)
+    ref = ops.gemm_ref(a, b)
+    for load in ("tma", "tma_multicast", "cp_async"):
+        err = (ops.gemm(a, b, load=load).float() - ref).abs().max().item()
+        print(f"gemm 1000x3000x4096 bf16, load={load}: max |C - fp32 ref| = {err:.3g}")
 
 
 # Each step takes the parsed args and prints its part; its docstring is its heading.

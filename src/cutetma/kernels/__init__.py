@@ -88,6 +88,12 @@ def showcase_configs():
 def compile_showcase():
     shown = [(name, ptx_ops(compile_probe(cfg).ptx)) for name, cfg in showcase_configs().items()]
     shown.append(("round trip tma load+store", ptx_ops(compile_round_trip(2, "128B", 64, 64).ptx)))
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    for name, cfg in (("gemm tma 128x256", GemmConfig()),
+                      ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
+                      ("gemm cp.async 128x256", GemmConfig(load="cp_async"))):
+        shown.append((name, ptx_ops(compile_gemm(cfg).ptx)))
     return shown
 
 
