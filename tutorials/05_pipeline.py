@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import sys
 
+from _common import time_ms  # tutorials/_common.py: CUDA-event timing
+
 from cutetma import kernels
 from cutetma.kernels import gpu_unavailable
 
@@ -98,22 +100,6 @@ def barriers_in_the_ptx(most: int) -> dict:
               f"{ptx.count('mbarrier.arrive.expect_tx')} expect_tx (one per k-tile, in the "
               f"producer loop), {ptx.count('wgmma.mma_async')} wgmma per k-tile (64 / 16)")
     return found
-
-
-def time_ms(fn, iters: int = 20) -> float:
-    """Mean milliseconds per call of ``fn`` between two CUDA events around ``iters`` back-to-back
-    calls, after a warm-up (the launches queue up, so host overhead hides behind the GPU)."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def gemm_with_stages(cfg, a, b, c):

@@ -54,6 +54,8 @@ from __future__ import annotations
 import re
 import sys
 
+from _common import time_ms  # tutorials/_common.py: CUDA-event timing
+
 from cutetma import kernels
 from cutetma.kernels import gpu_unavailable
 
@@ -103,22 +105,6 @@ def the_ptx() -> dict:
         first = re.sub(r"\s+", " ", first)
         print(f"{role:<32} {len(found['tma']):>5} {len(found['cp_async']):>8}  {first[:90]}")
     return counts
-
-
-def time_ms(fn, iters: int = 20) -> float:
-    """Mean milliseconds per call between two CUDA events around ``iters`` back-to-back
-    calls, after a warm-up."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def on_the_gpu() -> str:

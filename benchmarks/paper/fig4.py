@@ -23,9 +23,7 @@ Writes ``paper_fig4.json`` and ``paper_fig4.png``.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -259,12 +257,7 @@ def summarize(rows) -> dict:
 
 
 def plot(rows, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=90)
+    fig, axes = common.pyplot().subplots(1, 3, figsize=(13, 3.8), dpi=90)
     styles = {"cp_async": ("LDGSTS (cp.async)", "o", "C0"), "tma": ("TMA-2D", "s", "C1")}
     for load, (label, marker, color) in styles.items():
         cold = latency_curve(rows, load)
@@ -295,29 +288,11 @@ def plot(rows, path: Path):
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     fig.suptitle("Figure 4 on our GPU: TMA vs cp.async (one CTA per SM, L2 cold)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a few points, for a smoke test")
-    ap.add_argument("--out", default=str(common.ROOT / "benchmarks" / "results"))
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    writer = common.Writer("paper_fig4", out, {"quick": args.quick, "sms": common.sm_count()})
-    t0 = time.time()
-    run(args.quick, writer)
-    summary = summarize(writer.rows)
-    path = writer.flush(complete=True, summary=summary)
-    plot(writer.rows, out / "paper_fig4.png")
-    errors = [r for r in writer.rows if "error" in r]
-    print(f"wrote {path} and {out / 'paper_fig4.png'} ({len(writer.rows)} rows, "
-          f"{len(errors)} errors, {time.time() - t0:.0f} s)")
-    for r in errors[:10]:
-        print(f"  error: {r}")
-    return 1 if errors else 0
+    return common.figure_main(argv, __doc__, "paper_fig4", run, summarize, plot)
 
 
 if __name__ == "__main__":

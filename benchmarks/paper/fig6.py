@@ -20,9 +20,7 @@ Writes ``paper_fig6.json`` and ``paper_fig6.png``.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -148,48 +146,23 @@ def summarize(rows) -> dict:
 
 
 def plot(rows, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
+    lines = []
     for i, (n, d) in enumerate(ratios(rows, "tma", "tma_multicast",
                                       "bytes_in_flight_per_cta").items()):
-        ax.plot([x / 1024 for x in d], list(d.values()), marker="o", color=f"C{i}",
-                label=f"N={n}")
+        lines.append(([x / 1024 for x in d], list(d.values()),
+                      dict(marker="o", color=f"C{i}", label=f"N={n}")))
     for i, (n, d) in enumerate(ratios(rows, "tma", "tma_multicast_split",
                                       "bytes_in_flight_per_cta").items()):
-        ax.plot([x / 1024 for x in d], list(d.values()), ls="--", color=f"C{i}", alpha=0.6,
-                label=f"N={n}, vs split multicast")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("bytes in flight per CTA (KiB)")
-    ax.set_ylabel("runtime: unicast / multicast")
-    ax.set_title("Figure 6 (a) on our GPU (< 1: redundant unicast is faster)", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        lines.append(([x / 1024 for x in d], list(d.values()),
+                      dict(ls="--", color=f"C{i}", alpha=0.6, label=f"N={n}, vs split multicast")))
+    common.ratio_plot(path, lines, "bytes in flight per CTA (KiB)", "runtime: unicast / multicast",
+                      "Figure 6 (a) on our GPU (< 1: redundant unicast is faster)",
+                      fontsize=7, ncol=2)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a few points, for a smoke test")
-    ap.add_argument("--out", default=str(common.ROOT / "benchmarks" / "results"))
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    writer = common.Writer("paper_fig6", out, {"quick": args.quick, "sms": common.sm_count()})
-    t0 = time.time()
-    run(args.quick, writer)
-    path = writer.flush(complete=True, summary=summarize(writer.rows))
-    plot(writer.rows, out / "paper_fig6.png")
-    errors = [r for r in writer.rows if "error" in r and not r["error"].startswith("unsupp")]
-    print(f"wrote {path} and {out / 'paper_fig6.png'} ({len(writer.rows)} rows, "
-          f"{len(errors)} errors, {time.time() - t0:.0f} s)")
-    for r in errors[:10]:
-        print(f"  error: {r}")
-    return 1 if errors else 0
+    return common.figure_main(argv, __doc__, "paper_fig6", run, summarize, plot,
+                              unsupported_is_error=False)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ Writes ``paper_fig7.json`` and ``paper_fig7.png``.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,43 +71,17 @@ def summarize(rows) -> dict:
 
 
 def plot(rows, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
-    for i, (n, d) in enumerate(fig6.ratios(rows, "dsm", "tma_multicast", "tile_bytes").items()):
-        ax.plot([x / 1024 for x in d], list(d.values()), marker="o", ms=3, color=f"C{i}",
-                label=f"N={n}")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tile size (KiB)")
-    ax.set_ylabel("DSM broadcast slowdown (DSM / multicast)")
-    ax.set_title("Figure 7 on our GPU (> 1: TMA multicast is faster)", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    lines = [([x / 1024 for x in d], list(d.values()),
+              dict(marker="o", ms=3, color=f"C{i}", label=f"N={n}"))
+             for i, (n, d) in enumerate(fig6.ratios(rows, "dsm", "tma_multicast",
+                                                     "tile_bytes").items())]
+    common.ratio_plot(path, lines, "tile size (KiB)", "DSM broadcast slowdown (DSM / multicast)",
+                      "Figure 7 on our GPU (> 1: TMA multicast is faster)", fontsize=8)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a few points, for a smoke test")
-    ap.add_argument("--out", default=str(common.ROOT / "benchmarks" / "results"))
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    writer = common.Writer("paper_fig7", out, {"quick": args.quick, "sms": common.sm_count()})
-    t0 = time.time()
-    run(args.quick, writer)
-    path = writer.flush(complete=True, summary=summarize(writer.rows))
-    plot(writer.rows, out / "paper_fig7.png")
-    errors = [r for r in writer.rows if "error" in r and not r["error"].startswith("unsupp")]
-    print(f"wrote {path} and {out / 'paper_fig7.png'} ({len(writer.rows)} rows, "
-          f"{len(errors)} errors, {time.time() - t0:.0f} s)")
-    for r in errors[:10]:
-        print(f"  error: {r}")
-    return 1 if errors else 0
+    return common.figure_main(argv, __doc__, "paper_fig7", run, summarize, plot,
+                              unsupported_is_error=False)
 
 
 if __name__ == "__main__":

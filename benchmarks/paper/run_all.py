@@ -9,7 +9,8 @@ so a figure that is stopped keeps what it measured), then ``summarize.py``. Writ
 ``benchmarks/results``). ``--in-process`` runs the figures in this process instead.
 
 This module also holds what the three figure scripts share: progress bar, CUDA-event
-timing, L2 flush, random data, torch -> CuTe conversion and the compile cache.
+timing, L2 flush, random data, torch -> CuTe conversion, the compile cache, the plot
+boilerplate and the command line (``figure_main``).
 """
 
 from __future__ import annotations
@@ -192,6 +193,65 @@ class Writer:
 
 def ok_rows(rows, **match):
     return [r for r in rows if "error" not in r and all(r.get(k) == v for k, v in match.items())]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path):
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def ratio_plot(path: Path, lines, xlabel: str, ylabel: str, title: str, **legend):
+    """One axes of runtime ratios against a log2 x axis, with the line at 1.0; ``lines`` are
+    ``(xs, ys, plot keyword arguments)``, ``legend`` the legend's keyword arguments."""
+    fig, ax = pyplot().subplots(figsize=(6, 4), dpi=90)
+    for xs, ys, style in lines:
+        ax.plot(xs, ys, **style)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(**legend)
+    save_figure(fig, path)
+
+
+def figure_main(argv, doc: str, name: str, run, summarize, plot,
+                unsupported_is_error: bool = True) -> int:
+    """A figure script's command line: ``run(quick, writer)``, then the JSON with
+    ``summarize(rows)`` in its meta, then ``plot(rows, <out>/<name>.png)``. Exit status 1 when
+    a row has an error (rows refused as ``unsupported`` too, unless ``unsupported_is_error``
+    is false)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few points, for a smoke test")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    writer = Writer(name, out, {"quick": args.quick, "sms": sm_count()})
+    t0 = time.time()
+    run(args.quick, writer)
+    path = writer.flush(complete=True, summary=summarize(writer.rows))
+    png = out / f"{name}.png"
+    plot(writer.rows, png)
+    errors = [r for r in writer.rows if "error" in r
+              and (unsupported_is_error or not r["error"].startswith("unsupp"))]
+    print(f"wrote {path} and {png} ({len(writer.rows)} rows, "
+          f"{len(errors)} errors, {time.time() - t0:.0f} s)")
+    for r in errors[:10]:
+        print(f"  error: {r}")
+    return 1 if errors else 0
 
 
 # ------------------------------------------------------------------ the driver

@@ -43,6 +43,14 @@ def load(directory: Path, name: str):
     return meta, doc["rows"]
 
 
+def section(directory: Path, name: str, title: str, *quotes: str):
+    """Print a section's title and the paper's numbers to read beside it; then ``load`` it."""
+    print(f"\n## {title}")
+    for quote in quotes:
+        print(f"  {quote}")
+    return load(directory, name)
+
+
 def fmt(v, spec=".3g"):
     if v is None:
         return "-"
@@ -54,9 +62,8 @@ def fmt(v, spec=".3g"):
 def fig4_section(directory: Path):
     import fig4
 
-    print("\n## Observation #2 (Figure 4): TMA vs cp.async")
-    print(f"  paper (H100): {PAPER['obs2']}")
-    meta, rows = load(directory, "paper_fig4")
+    meta, rows = section(directory, "paper_fig4", "Observation #2 (Figure 4): TMA vs cp.async",
+                         f"paper (H100): {PAPER['obs2']}")
     if not rows:
         return
     print(f"  clock calibration: {meta.get('clock_calibration_start')} -> "
@@ -98,10 +105,9 @@ def fig4_section(directory: Path):
 def fig6_section(directory: Path):
     import fig6
 
-    print("\n## Observation #4 and Table 3 (Figure 6): redundant unicast vs multicast")
-    print(f"  paper (H100): {PAPER['obs4']}")
-    print(f"  paper Table 3: {PAPER['table3']}")
-    _, rows = load(directory, "paper_fig6")
+    _, rows = section(directory, "paper_fig6",
+                      "Observation #4 and Table 3 (Figure 6): redundant unicast vs multicast",
+                      f"paper (H100): {PAPER['obs4']}", f"paper Table 3: {PAPER['table3']}")
     if not rows:
         return
     for den in ("tma_multicast", "tma_multicast_split"):
@@ -138,9 +144,9 @@ def fig7_section(directory: Path):
     import fig6
     import fig7
 
-    print("\n## Observation #5 (Figure 7): DSM broadcast vs TMA multicast")
-    print(f"  paper (H100): {PAPER['obs5']}")
-    _, rows = load(directory, "paper_fig7")
+    _, rows = section(directory, "paper_fig7",
+                      "Observation #5 (Figure 7): DSM broadcast vs TMA multicast",
+                      f"paper (H100): {PAPER['obs5']}")
     if not rows:
         return
     per_n = fig6.ratios(rows, "dsm", "tma_multicast", "tile_bytes")

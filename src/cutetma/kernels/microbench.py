@@ -137,8 +137,29 @@ def launch_smem(needed: int, ctas_per_sm: int) -> int | None:
     return padded
 
 
+def _check_load(load: str, loads: tuple[str, ...]):
+    if load not in loads:
+        raise ValueError(f"load={load!r}: choose one of {', '.join(loads)}")
+
+
+class _Tile:
+    """The configs' (rows, cols) tile of fp32 words, in bytes."""
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.rows * self.cols * ELEM_BYTES
+
+
+class _Ring(_Tile):
+    """A ring of ``stages`` tiles: the shared memory the tiles take."""
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.tile_bytes
+
+
 @dataclasses.dataclass(frozen=True)
-class LatencyConfig:
+class LatencyConfig(_Tile):
     load: str  # "tma" | "cp_async"
     rows: int
     cols: int = 128
@@ -146,16 +167,11 @@ class LatencyConfig:
     ctas_per_sm: int = 1  # at most this many CTAs per SM (shared-memory padding); 0: no cap
 
     def __post_init__(self):
-        if self.load not in SINGLE_SHOT_LOADS:
-            raise ValueError(f"load={self.load!r}: choose one of {', '.join(SINGLE_SHOT_LOADS)}")
+        _check_load(self.load, SINGLE_SHOT_LOADS)
         _check_tile(self.rows, self.cols, 1)
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"threads={self.threads}: whole warps, 32..1024")
         launch_smem(self.tile_bytes, self.ctas_per_sm)
-
-    @property
-    def tile_bytes(self) -> int:
-        return self.rows * self.cols * ELEM_BYTES
 
     @property
     def vectors_per_thread(self) -> int:
@@ -170,7 +186,7 @@ class LatencyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamConfig:
+class StreamConfig(_Ring):
     load: str  # "tma" | "cp_async"
     rows: int
     cols: int = 128
@@ -179,22 +195,13 @@ class StreamConfig:
     ctas_per_sm: int = 1  # exactly this many per SM when the grid is ctas_per_sm x SMs
 
     def __post_init__(self):
-        if self.load not in SINGLE_SHOT_LOADS:
-            raise ValueError(f"load={self.load!r}: choose one of {', '.join(SINGLE_SHOT_LOADS)}")
+        _check_load(self.load, SINGLE_SHOT_LOADS)
         _check_tile(self.rows, self.cols, self.stages)
         launch_smem(self.smem_bytes, self.ctas_per_sm)
 
-    @property
-    def tile_bytes(self) -> int:
-        return self.rows * self.cols * ELEM_BYTES
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.stages * self.tile_bytes
-
 
 @dataclasses.dataclass(frozen=True)
-class BroadcastConfig:
+class BroadcastConfig(_Ring):
     load: str  # one of BROADCAST_LOADS
     cluster: int
     rows: int
@@ -204,8 +211,7 @@ class BroadcastConfig:
     ctas_per_sm: int = 1  # one CTA per SM: a cluster spans N SMs, as occupancy queries assume
 
     def __post_init__(self):
-        if self.load not in BROADCAST_LOADS:
-            raise ValueError(f"load={self.load!r}: choose one of {', '.join(BROADCAST_LOADS)}")
+        _check_load(self.load, BROADCAST_LOADS)
         if self.cluster not in CLUSTER_SIZES:
             raise ValueError(f"cluster={self.cluster}: one of {CLUSTER_SIZES}")
         _check_tile(self.rows, self.cols, self.stages)
@@ -213,14 +219,6 @@ class BroadcastConfig:
             raise ValueError(f"the split multicast gives each CTA rows/N rows: {self.rows} rows "
                              f"do not divide into {self.cluster} slices")
         launch_smem(self.smem_bytes, self.ctas_per_sm)
-
-    @property
-    def tile_bytes(self) -> int:
-        return self.rows * self.cols * ELEM_BYTES
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.stages * self.tile_bytes
 
     @property
     def multicast(self) -> bool:

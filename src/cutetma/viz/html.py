@@ -97,6 +97,18 @@ def _element_labels(n_sectors: int) -> dict:
     return out
 
 
+def _dtype_labels(n_sectors: int, tensor_rows: int, tensor_row_bytes: int, box_rows: int,
+                  box_row_bytes: int) -> dict:
+    """Per dtype: the column labels, the tensor's and the box's shapes in elements, and the
+    elements per sector."""
+    labels = {}
+    for d, cols in _element_labels(n_sectors).items():
+        w = hw.dtype_bytes(d)
+        labels[d] = {"cols": cols, "tensor": f"{tensor_rows}x{tensor_row_bytes // w} {d}",
+                     "box": f"{box_rows}x{box_row_bytes // w}", "per": SECTOR // w}
+    return labels
+
+
 def _block(name, rows, cols, cells, *, col_labels=None, row_sep=(), col_sep=(), caption=""):
     return {"name": name, "rows": rows, "cols": cols, "cells": cells, "caption": caption,
             "col_labels": col_labels, "row_sep": list(row_sep), "col_sep": list(col_sep)}
@@ -181,11 +193,7 @@ def intro_figure() -> dict:
             how = f"one 2D box of {rows} rows x {row_bytes} B"
         combos[name] = {"rule": _rule(m), "how": how, "src": src, "dst": dst,
                         "box": [0, rows, 0, sectors]}
-    labels = {}
-    for d, cols in _element_labels(g_sectors).items():
-        w = hw.dtype_bytes(d)
-        labels[d] = {"cols": cols, "tensor": f"{g_rows}x{INTRO['global_row_bytes'] // w} {d}",
-                     "box": f"{rows}x{row_bytes // w}", "per": SECTOR // w}
+    labels = _dtype_labels(g_sectors, g_rows, INTRO["global_row_bytes"], rows, row_bytes)
     return {
         "id": "intro",
         "cell": 30,
@@ -254,15 +262,13 @@ def grouped_figure() -> dict:
                 blk["caption"] = f"smem {nm}" if m.bits else "smem (one block)"
             combos[f"{name}|{offset}"] = {"rule": _rule(m), "how": how, "src": src, "dst": dst,
                                           "box": [0, rows, start, start + slice_sectors]}
-    labels = {}
-    for d, cols in _element_labels(g_sectors).items():
+    labels = _dtype_labels(g_sectors, rows, GROUPED["global_row_bytes"], rows,
+                           GROUPED["slice_bytes"])
+    for d, lab in labels.items():
         w = hw.dtype_bytes(d)
-        labels[d] = {"cols": cols, "tensor": f"{rows}x{GROUPED['global_row_bytes'] // w} {d}",
-                     "box": f"{rows}x{GROUPED['slice_bytes'] // w}",
-                     "per": SECTOR // w,
-                     "offsets": ["cols 0\u2013" + str(GROUPED["slice_bytes"] // w - 1),
-                                 f"cols {GROUPED['slice_bytes'] // w}\u2013"
-                                 f"{GROUPED['global_row_bytes'] // w - 1}"]}
+        lab["offsets"] = ["cols 0\u2013" + str(GROUPED["slice_bytes"] // w - 1),
+                          f"cols {GROUPED['slice_bytes'] // w}\u2013"
+                          f"{GROUPED['global_row_bytes'] // w - 1}"]
     return {
         "id": "grouped",
         "cell": 20,
@@ -344,11 +350,7 @@ def banks_figure() -> dict:
             combos[f"{name}|{'yes' if grouped else 'no'}"] = {
                 "rule": _rule(m), "how": how, "src": src, "dst": dst, "box": [0, rows, 0, sectors],
                 "selections": selections}
-    labels = {}
-    for d, cols in _element_labels(sectors).items():
-        w = hw.dtype_bytes(d)
-        labels[d] = {"cols": cols, "tensor": f"{rows}x{row_bytes // w} {d}",
-                     "box": f"{rows}x{row_bytes // w}", "per": SECTOR // w}
+    labels = _dtype_labels(sectors, rows, row_bytes, rows, row_bytes)
     return {
         "id": "banks",
         "cell": 28,
