@@ -10,7 +10,7 @@ stays light and works without the CuTe DSL or a GPU.
 
 __version__ = "0.1.0"
 
-_OPS = ("smem_image", "tma_round_trip", "gemm")
+_OPS = ("smem_image", "tma_round_trip", "gemm", "attention")
 
 
 def __getattr__(name):

@@ -317,3 +317,80 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, trans_b: bool, load: str,
 def _(a, b, trans_b, load, out_dtype):
     n = b.shape[0] if trans_b else b.shape[1]
     return a.new_empty((a.shape[0], n), dtype=out_dtype)
+
+
+# =========================================================================== attention
+ATTENTION_HEAD_DIMS = (64, 128)
+EXPERIMENTAL_ATTENTION = "CUTETMA_EXPERIMENTAL_ATTENTION"
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              softmax_scale: float | None = None, return_lse: bool = False,
+              load: str = "tma"):
+    """FlashAttention-style forward: ``softmax(q k^T * scale) v`` (and the log-sum-exp).
+
+    ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d) with h % h_kv == 0, fp16 or bf16,
+    d in {64, 128}; causal masks are bottom-right aligned when s_q != s_k (FlashAttention's
+    convention, not torch SDPA's). Returns ``out`` (b, s_q, h, d), and ``lse`` (b, h, s_q)
+    fp32 with ``return_lse``. Runs on the current CUDA stream.
+
+    The kernel compiles for sm_90a but has not been validated on a GPU yet: until it has,
+    it runs only with the environment variable CUTETMA_EXPERIMENTAL_ATTENTION=1.
+    """
+    import os
+
+    names = ("q", "k", "v")
+    for name, t in zip(names, (q, k, v), strict=True):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, seqlen, heads, head_dim), got "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in GEMM_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}: attention takes float16 or bfloat16")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: attention needs CUDA tensors")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k and v must be on one device")
+    b, s_q, h, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k and v must be (b={b}, s_k, h_kv, d={d}) alike, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    h_kv = k.shape[2]
+    if h % h_kv:
+        raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
+    if d not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"head_dim {d}: supported are {ATTENTION_HEAD_DIMS}")
+    if os.environ.get(EXPERIMENTAL_ATTENTION) != "1":
+        raise NotImplementedError(
+            "cutetma.attention compiles for sm_90a but has not been validated on a GPU yet; "
+            f"set {EXPERIMENTAL_ATTENTION}=1 to run it anyway (tests/test_attention_gpu.py)")
+    from cutetma.kernels.attention_sm90 import AttentionConfig, FlashAttentionSm90
+
+    q, k, v = (x if x.stride(-1) == 1 and all(s * 2 % 16 == 0 for s in x.stride()[:-1])
+               and x.data_ptr() % 16 == 0 else x.contiguous() for x in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+    if s_q == 0 or k.shape[1] == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load)
+
+    from cutlass.cute.runtime import from_dlpack
+
+    def view(x):  # (b, s, h, d) -> (s, d, h, b), d contiguous
+        return from_dlpack(x.permute(1, 3, 2, 0), assumed_align=16).mark_layout_dynamic(
+            leading_dim=1)
+
+    lse_view = from_dlpack(lse.permute(2, 1, 0), assumed_align=4).mark_layout_dynamic(
+        leading_dim=0)
+    from cutetma import dsl
+
+    cutlass, _ = dsl.cutlass()
+    args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale), _stream())
+    _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)
+    return (out, lse) if return_lse else out

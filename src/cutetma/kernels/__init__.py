@@ -126,3 +126,26 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
     clusters = max_active_clusters // (cfg.cluster_m * cfg.cluster_n)
     return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
                            fake_operand(out), clusters, make_fake_stream())
+
+
+@functools.cache
+def compile_attention(cfg, dtype_name: str = "Float16"):
+    """The attention forward for sm_90a against fake (s, d, h, b) tensors of dynamic shape."""
+    from cutetma import dsl
+    from cutetma.kernels.attention_sm90 import FlashAttentionSm90
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    dtype = getattr(cutlass, dtype_name)
+
+    def qkv():
+        shape = (cute.sym_int32(), cfg.head_dim, cute.sym_int32(), cute.sym_int32())
+        stride = (cute.sym_int64(divisibility=8), 1, cfg.head_dim,
+                  cute.sym_int64(divisibility=8))
+        return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+
+    lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,
+                           (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
+    return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(), qkv(), qkv(), lse,
+                           cutlass.Float32(0.125), make_fake_stream())

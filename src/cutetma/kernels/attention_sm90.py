@@ -1,0 +1,381 @@
+"""Attention forward on Hopper (FlashAttention-3's structure), the load mechanism a parameter.
+
+**Status: compiles for sm_90a; not yet run on a GPU** (work in progress for issue 5). The
+torch entry point refuses to run it until its GPU tests pass.
+
+O = softmax(Q K^T * scale) V and the log-sum-exp, Q (b, s_q, h, d), K and V (b, s_k, h_kv, d)
+(h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64 or 128, causal (bottom-right
+aligned when s_q != s_k, as FlashAttention) or not.
+
+Dataflow for one (128-row Q block, head, batch) CTA::
+
+    producer warp   Q once (TMA) ------------------------------> sQ   (q barrier)
+                    K_j, V_j for every key block j (TMA) ------> kv ring (stages mbarrier pairs)
+    consumer WG w   S = Q_w K_j^T          (WGMMA, Q and K from shared memory)
+      (w = 0, 1:    mask the diagonal / the tail, online softmax in fp32 with exp2
+       64 rows      P = exp2(S * scale log2 e - m)  -> fp16/bf16 in registers
+       each)        O += P V_j             (WGMMA, P from registers, V from shared memory)
+                    release the stage; at the end O /= rowsum, LSE = m + ln(rowsum)
+
+Warp roles and barriers::
+
+    warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    kv full: expect_tx(K+V bytes)
+    consumer warpgroups   wait q, wait kv full; release kv empty (8 warps arrive per stage)
+
+Why the WGMMA layouts line up: a warpgroup's m64nN fp32 accumulator holds, per 8 columns, the
+pairs (row r, cols 2t..2t+1) and (row r+8, same cols); the m64nNk16 A operand in registers
+holds, per 16 columns, the same four pairs of two such 8-column blocks. So P, converted
+element by element, *is* the A fragment of P V: no data moves between threads (16-bit types).
+
+Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0, d in {64, 128}.
+Not yet here (FlashAttention-3 has them): pingpong between the two warpgroups, intra-warpgroup
+overlap of the next Q K^T with this softmax, TMA-store epilogue, d = 256, cluster multicast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cutetma import dsl
+from cutetma.copy import loader as loaders
+from cutetma.copy import tma
+
+cutlass, cute = dsl.cutlass()
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cuda.bindings import driver as cuda  # noqa: E402
+from cutlass import pipeline  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+
+WARPGROUP = 128
+LOG2_E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    head_dim: int = 128
+    block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
+    block_n: int = 128  # keys per pipeline stage
+    stages: int = 2
+    causal: bool = False
+    load: str = "tma"  # "tma" or "cp_async" (the cp.async producer is not written yet)
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim}: 64 or 128 (256 is not implemented yet)")
+        if self.block_m != 128 or self.block_n not in (64, 128):
+            raise ValueError("block_m is 128 (two warpgroups x 64 rows), block_n 64 or 128")
+        if self.load != "tma":
+            raise ValueError("only load='tma' is implemented so far (issue 5)")
+        if self.stages < 2:
+            raise ValueError("at least 2 K/V stages")
+
+    @property
+    def threads(self) -> int:
+        return 3 * WARPGROUP
+
+
+class FlashAttentionSm90:
+    def __init__(self, config: AttentionConfig):
+        self.cfg = config
+        self.loader = loaders.make_loader(config.load)
+
+    # ------------------------------------------------------------------------ host
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
+        (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)"""
+        cfg = self.cfg
+        dtype = mQ.element_type
+        group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
+        # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
+        mK = self._broadcast_heads(mK, group)
+        mV = self._broadcast_heads(mV, group)
+        mVt = cute.make_tensor(mV.iterator, cute.make_layout(
+            (mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
+            stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])))  # (d, s_k, h, b)
+
+        qk_tiler = (64, cfg.block_n, cfg.head_dim)
+        pv_tiler = (64, cfg.head_dim, cfg.block_n)
+        k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        qk_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32,
+                                             (2, 1, 1), tiler_mn=qk_tiler[:2])
+        pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32,
+                                             (2, 1, 1), tiler_mn=pv_tiler[:2],
+                                             a_source=warpgroup.OperandSource.RMEM)
+        row_major = LayoutEnum.ROW_MAJOR
+        sQ_layout = sm90.make_smem_layout_a(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
+                                            dtype, 1)
+        sK_layout = sm90.make_smem_layout_b(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
+                                            dtype, cfg.stages)
+        sV_layout = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR,
+                                            (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
+                                            cfg.stages)
+        tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)),
+                                      (cfg.block_m, cfg.head_dim))
+        tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)),
+                                      (cfg.block_n, cfg.head_dim))
+        tma_v, mV_tma = tma.load_atom(mVt, cute.slice_(sV_layout, (None, None, 0)),
+                                      (cfg.head_dim, cfg.block_n))
+
+        @cute.struct
+        class Storage:
+            q_barrier: cute.struct.MemRange[cutlass.Int64, 1]
+            kv_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+
+        self.storage = Storage
+        grid = (cute.ceil_div(mQ.shape[0], cfg.block_m), mQ.shape[2], mQ.shape[3])
+        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mO, mLSE, qk_mma, pv_mma,
+                    sQ_layout, sK_layout, sV_layout, mK.shape[0],
+                    softmax_scale * LOG2_E).launch(
+            grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    @staticmethod
+    def _broadcast_heads(mX: cute.Tensor, group):
+        """(s, d, h_kv, b) -> (s, d, (group, h_kv), b) with stride 0 over the group."""
+        layout = cute.make_layout(
+            (mX.shape[0], mX.shape[1], (group, mX.shape[2]), mX.shape[3]),
+            stride=(mX.stride[0], mX.stride[1], (0, mX.stride[2]), mX.stride[3]))
+        return cute.make_tensor(mX.iterator, layout)
+
+    # ------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_k: cute.CopyAtom,
+               mK_tma: cute.Tensor, tma_v: cute.CopyAtom, mV_tma: cute.Tensor,
+               mO: cute.Tensor, mLSE: cute.Tensor, qk_mma: cute.TiledMma,
+               pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
+        m_block, head, batch = cute.arch.block_idx()
+        if warp == 0:
+            tma.prefetch(tma_q)
+            tma.prefetch(tma_k)
+            tma.prefetch(tma_v)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        q_bar = storage.q_barrier.data_ptr()
+        kv_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
+        kv_bytes += cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
+        pipe = self.loader.make_pipeline(storage.kv_barriers.data_ptr(), cfg.stages, WARPGROUP,
+                                         8, kv_bytes)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_bar, 1)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        seqlen_q = mO.shape[0]
+        n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(40)
+            if warp == 0:
+                self.produce(pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
+                             sQ, sK, sV, m_block, head, batch, n_blocks)
+        else:
+            cute.arch.setmaxregister_increase(232)
+            self.consume(pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head,
+                         batch, n_blocks, seqlen_q, seqlen_k, scale_log2)
+
+    @cute.jit
+    def _key_blocks(self, m_block, seqlen_q, seqlen_k):
+        """Key blocks this query block needs: all, or (causal, bottom-right aligned) up to the
+        diagonal of its last row: key j is visible to query i iff j <= i + s_k - s_q."""
+        cfg = self.cfg
+        n = cute.ceil_div(seqlen_k, cfg.block_n)
+        if cutlass.const_expr(cfg.causal):
+            last_key = (m_block + 1) * cfg.block_m - 1 + seqlen_k - seqlen_q
+            n = cutlass.min(n, cute.ceil_div(cutlass.max(last_key + 1, 0), cfg.block_n))
+        return n
+
+    @cute.jit
+    def produce(self, pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, sQ, sK,
+                sV, m_block, head, batch, n_blocks):
+        """One warp: Q once, then K_j and V_j of every key block into the next free stage."""
+        cfg = self.cfg
+        gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
+                             (m_block, 0))
+        gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
+                             (None, 0))
+        gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
+                             (0, None))
+        tQsQ, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+        tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+        tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, q_bytes)
+        cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_bar)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+        for j in cutlass.range(n_blocks, unroll=1):
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)], tma_bar_ptr=bar)
+            state.advance()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def consume(self, pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head, batch,
+                n_blocks, seqlen_q, seqlen_k, scale_log2):
+        """A consumer warpgroup: its 64 query rows against every key block, online softmax."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        ctid = tidx - WARPGROUP
+        wg = ctid // WARPGROUP  # 0 or 1: rows [64 wg, 64 wg + 64) of the block
+        lane = tidx % 32
+        warp_in_wg = (ctid % WARPGROUP) // 32
+        qk_thr = qk_mma.get_slice(wg * WARPGROUP)
+        pv_thr = pv_mma.get_slice(wg * WARPGROUP)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        s_shape = qk_thr.partition_shape_C((cfg.block_m, cfg.block_n))
+        o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
+        acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
+        acc_o.fill(0.0)
+        row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
+        row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+        # this thread's rows and first column inside a tile (the WGMMA accumulator layout)
+        row0 = m_block * cfg.block_m + wg * 64 + warp_in_wg * 16 + lane // 4
+        col_in_tile = (lane % 4) * 2
+        k_steps = cute.size(tSrQ, mode=[2])
+        p_steps = cfg.block_n // 16
+
+        cute.arch.mbarrier_wait(q_bar, 0)
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        for j in cutlass.range(n_blocks, unroll=1):
+            self.loader.consumer_wait(pipe, read)
+            acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_steps):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)],
+                          tSrK[(None, None, kb, read.index)], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+            self._online_softmax(acc_s, acc_o, row_max, row_sum, scale_log2)
+
+            # P, converted element by element, is the A operand of P V (see the docstring)
+            tOrP = cute.make_rmem_tensor(
+                cute.make_layout(((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)),
+                mO.element_type)
+            tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+            tOrP_as_s.store(acc_s.load().to(mO.element_type))
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(p_steps):
+                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)],
+                          tOrV[(None, None, kb, read.index)], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe, read)
+            read.advance()
+        self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
+                       seqlen_q, scale_log2)
+
+    @cute.jit
+    def _mask(self, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k):
+        """-inf where a key lies past s_k, or (causal) past the query's diagonal."""
+        cfg = self.cfg
+        col0 = j * cfg.block_n + col_in_tile
+        needs = (j + 1) * cfg.block_n > seqlen_k
+        if cutlass.const_expr(cfg.causal):
+            needs = needs | ((j + 1) * cfg.block_n - 1 > row0 - (row0 % 64) + seqlen_k - seqlen_q)
+        if needs:
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                col = col0 + (i // 4) * 8 + i % 2
+                row = row0 + 8 * ((i // 2) % 2)
+                dead = col >= seqlen_k
+                if cutlass.const_expr(cfg.causal):
+                    dead = dead | (col > row + seqlen_k - seqlen_q)
+                if dead:
+                    acc_s[i] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _online_softmax(self, acc_s, acc_o, row_max, row_sum, scale_log2):
+        """Update the running max and sum of this thread's two rows; rescale O; S -> P."""
+        for r in cutlass.range_constexpr(2):
+            new_max = row_max[r]
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                if cutlass.const_expr((i // 2) % 2 == r):
+                    new_max = cute.arch.fmax(new_max, acc_s[i])
+            new_max = cute.arch.warp_reduction_max(new_max, threads_in_group=4)
+            # a fully masked row keeps max -inf: use 0 so exp2 gives 0, not NaN
+            safe_max = new_max
+            if new_max == -cutlass.Float32.inf:
+                safe_max = 0.0
+            correction = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
+            if row_max[r] == -cutlass.Float32.inf:
+                correction = 0.0
+            row_max[r] = new_max
+            block_sum = 0.0
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                if cutlass.const_expr((i // 2) % 2 == r):
+                    p = cute.math.exp2(acc_s[i] * scale_log2 - safe_max * scale_log2,
+                                       fastmath=True)
+                    acc_s[i] = p
+                    block_sum += p
+            row_sum[r] = row_sum[r] * correction + block_sum  # per thread; reduced at the end
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                if cutlass.const_expr((i // 2) % 2 == r):
+                    acc_o[i] = acc_o[i] * correction
+
+    @cute.jit
+    def _epilogue(self, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
+                  seqlen_q, scale_log2):
+        """O /= rowsum, LSE = max * scale + ln(rowsum); plain stores (a TMA-store epilogue is
+        on the list)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        for r in cutlass.range_constexpr(2):
+            total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            inv = 0.0
+            if total > 0.0:
+                inv = 1.0 / total
+            row = row0 + 8 * r
+            if row < seqlen_q:
+                for i in cutlass.range_constexpr(cute.size(acc_o)):
+                    if cutlass.const_expr((i // 2) % 2 == r):
+                        col = col_in_tile + (i // 4) * 8 + i % 2
+                        mO[row, col, head, batch] = (acc_o[i] * inv).to(mO.element_type)
+                if tidx % 4 == 0:
+                    lse = -cutlass.Float32.inf
+                    if total > 0.0:
+                        lse = row_max[r] * (scale_log2 / LOG2_E) + cute.math.log(total)
+                    mLSE[row, head, batch] = lse
+
+
+def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None):
+    """fp32 reference (torch): q (b, s_q, h, d), k and v (b, s_k, h_kv, d); bottom-right
+    causal alignment as FlashAttention. Returns (out, lse) with lse (b, h, s_q)."""
+    import torch
+
+    b, s_q, h, d = q.shape
+    s_k, h_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))  # (b, h, s, d)
+    kf = kf.repeat_interleave(h // h_kv, dim=1)
+    vf = vf.repeat_interleave(h // h_kv, dim=1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        i = torch.arange(s_q, device=q.device)[:, None]
+        j = torch.arange(s_k, device=q.device)[None, :]
+        s = s.masked_fill(j > i + s_k - s_q, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key: output 0
+    return (p @ vf).transpose(1, 2), lse

@@ -1,0 +1,79 @@
+"""The attention forward compiled for sm_90a on a CPU machine, and its fp32 reference.
+
+The kernel has not run on a GPU yet (issue 5): these tests check what can be checked
+without one; tests/test_attention_gpu.py holds the numerical checks for the H200."""
+
+import math
+
+import pytest
+
+from cutetma import kernels
+from cutetma.kernels.attention_sm90 import AttentionConfig, attention_ref
+
+
+@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiles_with_tma_and_wgmma(dtype, head_dim, causal):
+    ptx = kernels.compile_attention(AttentionConfig(head_dim=head_dim, causal=causal), dtype).ptx
+    suffix = "f16.f16" if dtype == "Float16" else "bf16.bf16"
+    # Q K^T: N = block_n = 128; P V: N = head_dim; both k16 steps
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{suffix}" in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16.f32.{suffix}" in ptx
+    wgmmas = ptx.count("wgmma.mma_async.sync")
+    assert wgmmas == head_dim // 16 + 128 // 16  # d/16 for Q K^T, block_n/16 for P V
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
+    assert ptx.count("ex2.approx") >= 64  # one exp2 per score of a thread's 64
+    assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(head_dim=256), "head_dim"), (dict(block_m=64), "block_m"),
+    (dict(load="cp_async"), "only load='tma'"), (dict(stages=1), "at least 2"),
+])
+def test_config_refuses(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AttentionConfig(**kwargs)
+
+
+def test_reference_matches_torch_sdpa():
+    import torch
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 37, 4, 64)
+    k = torch.randn(2, 37, 2, 64)
+    v = torch.randn(2, 37, 2, 64)
+    kk, vv = (x.repeat_interleave(2, dim=2).transpose(1, 2) for x in (k, v))
+    for causal in (False, True):  # s_q == s_k: top-left and bottom-right agree
+        out, lse = attention_ref(q, k, v, causal)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), kk, vv, is_causal=causal).transpose(1, 2)
+        assert torch.allclose(out, want, atol=1e-5)
+        s = q.transpose(1, 2) @ kk.transpose(-1, -2) / math.sqrt(64)
+        if causal:
+            s = s.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+        assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
+
+
+def test_reference_causal_is_bottom_right_aligned():
+    import torch
+
+    q, k, v = torch.randn(1, 3, 1, 64), torch.randn(1, 5, 1, 64), torch.randn(1, 5, 1, 64)
+    out, lse = attention_ref(q, k, v, causal=True)
+    # query 0 of 3 against 5 keys sees keys 0..2 (5 - 3 = 2 positions of offset)
+    p = torch.softmax((q[0, 0, 0] @ k[0, :3, 0].T) / 8.0, -1)
+    assert torch.allclose(out[0, 0, 0], p @ v[0, :3, 0], atol=1e-5)
+
+
+def test_entry_point_validates_before_anything_runs():
+    import torch
+
+    from cutetma import ops
+
+    q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="CUDA"):
+        ops.attention(q, q, q)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        ops.attention(q.float(), q.float(), q.float())
+    with pytest.raises(ValueError, match=r"\(batch, seqlen, heads, head_dim\)"):
+        ops.attention(q[0], q[0], q[0])
