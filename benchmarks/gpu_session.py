@@ -81,9 +81,20 @@ def step_tutorials(args):
     return " ".join(done)
 
 
+def step_attention_bench(args):
+    import os
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import attention
+
+    os.environ.setdefault("CUTETMA_EXPERIMENTAL_ATTENTION", "1")
+    rc = attention.main(["--out", str(OUT)] + (["--quick"] if args.quick else []))
+    return f"attention rc={rc}"
+
+
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
          "gemm_tune": step_gemm_tune, "gemm_headline": step_gemm_headline,
-         "tutorials": step_tutorials}
+         "tutorials": step_tutorials, "attention_bench": step_attention_bench}
 
 
 def main():

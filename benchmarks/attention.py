@@ -1,0 +1,146 @@
+"""Attention forward benchmark on the H200: cuDNN and FlashAttention-2 (torch SDPA backends)
+against ours (TMA; cp.async once it exists), one run, the same randn data.
+
+    source .gpu/prelude.sh && CUTETMA_EXPERIMENTAL_ATTENTION=1 python benchmarks/attention.py
+
+The FlashAttention-3 grid: 16k tokens per batch (b = 16384 / s), h = 2048 / d heads,
+d in {64, 128, 256}, s in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fp16 and bf16.
+FLOPs = 4 b h s^2 d, halved for causal. Times: medians of ``triton.testing.do_bench`` over
+CUDA-graph replays (``benchmarks/gemm.py``'s ``bench``). Ours is checked against cuDNN's
+output first; a wrong or unsupported configuration becomes a row with an error.
+Writes ``attention.json`` and ``attention.png`` into --out.
+Status: written before our kernel had run on a GPU (issue 5); first run pending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import bench, progress  # noqa: E402
+
+TOKENS = 16384
+HEAD_DIMS = (64, 128, 256)
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def cells(quick: bool):
+    seqs = (1024, 4096) if quick else SEQLENS
+    dims = (128,) if quick else HEAD_DIMS
+    return [(d, s, causal) for d in dims for s in seqs for causal in (False, True)]
+
+
+def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    b, h = TOKENS // s, 2048 // d
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=t) for _ in range(3))
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    row = {"dtype": dtype, "d": d, "s": s, "b": b, "h": h, "causal": causal}
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    ref = None
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("fa2", SDPBackend.FLASH_ATTENTION)):
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                        is_causal=causal)
+        try:
+            out = call()
+            ref = out.transpose(1, 2) if ref is None else ref
+            row[name] = flops / bench(call) / 1e9
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    for load in ("tma", "cp_async"):
+        def ours(load=load):
+            return ops.attention(q, k, v, causal=causal, load=load)
+        try:
+            out = ours()
+            if ref is not None:
+                err = (out.float() - ref.float()).abs().max().item()
+                if not err < 2e-2:
+                    row[f"{load}_error"] = f"max |ours - sdpa| = {err:.3g}"
+                    continue
+            row[load] = flops / bench(ours) / 1e9
+        except Exception as exc:
+            row[f"{load}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return row
+
+
+def summarize(rows) -> dict:
+    s = {}
+    d128 = [r for r in rows if r["d"] == 128 and r["s"] >= 2048 and r.get("tma")
+            and r.get("cudnn")]
+    if d128:
+        s["d128_s>=2k_min_tma_over_cudnn"] = min(r["tma"] / r["cudnn"] for r in d128)
+    both = [r for r in rows if r.get("tma") and r.get("cudnn")]
+    if both:
+        s["geomean_tma_over_cudnn"] = math.exp(statistics.mean(
+            math.log(r["tma"] / r["cudnn"]) for r in both))
+    mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
+    if mech:
+        s["median_tma_over_cp_async"] = statistics.median(mech)
+    return s
+
+
+def plot(rows, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=90, sharey=True)
+    for ax, causal in zip(axes, (False, True), strict=True):
+        for i, d in enumerate(HEAD_DIMS):
+            for name, style in (("cudnn", "--"), ("fa2", ":"), ("tma", "-")):
+                pts = [(r["s"], r[name]) for r in rows if r["d"] == d and r["causal"] == causal
+                       and r.get(name) and r["dtype"] == "float16"]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, color=f"C{i}", marker="o", ms=3,
+                            label=f"{name} d={d}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_title("causal" if causal else "non-causal", fontsize=10)
+    axes[0].set_ylabel("TFLOP/s (fp16)")
+    axes[0].legend(fontsize=6, ncol=3)
+    fig.suptitle("Attention forward on the H200, 16k tokens, h = 2048 / d", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    from cutetma import results
+
+    out = Path(args.out)
+    t0 = time.time()
+    todo = [(dtype, c) for dtype in ("float16", "bfloat16") for c in cells(args.quick)]
+    rows = []
+    for dtype, (d, s, causal) in progress(todo, len(todo)):
+        rows.append(measure(dtype, d, s, causal))
+        results.write("attention", rows, out, extra_meta={"complete": False})
+    summary = summarize(rows)
+    path = results.write("attention", rows, out, extra_meta={
+        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
+    plot(rows, out / "attention.png")
+    print(f"wrote {path}")
+    for key, value in summary.items():
+        print(f"  {key}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
