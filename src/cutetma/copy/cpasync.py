@@ -57,3 +57,43 @@ def aligned_rows(gmem):
     else:
         stride = (1, cute.assume(s1, divby=vec))
     return cute.make_tensor(gmem.iterator, cute.make_layout(gmem.shape, stride=stride))
+
+
+@cute.jit
+def partition_operand(mX, sX, tile, tidx, num_threads: int):
+    """One thread's cp.async views of a 2D operand tiled by ``tile``: ``(tiled copy, global
+    tiles, shared stages, coordinates)``, the global and coordinate views indexed by tile
+    (t0, t1) and the shared one by stage. The copy walks whichever mode is contiguous."""
+    contiguous_inner = isinstance(mX.stride[1], int) and mX.stride[1] == 1
+    tiled, _ = tiled_copy(mX.element_type, tile[0], tile[1], num_threads,
+                          1 if cutlass.const_expr(contiguous_inner) else 0)
+    thr = tiled.get_slice(tidx)
+    gX = cute.local_tile(aligned_rows(mX), tile, (None, None))
+    cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (None, None))
+    return tiled, thr.partition_S(gX), thr.partition_D(sX), thr.partition_S(cX)
+
+
+@cute.jit
+def load_tile(views, t0, t1, stage, bounds, tile):
+    """Copy tile (t0, t1) of an operand into shared-memory stage ``stage``.
+
+    Interior tiles take one unpredicated copy. On the edge, vectors past ``bounds[0]`` (rows)
+    are skipped, since they feed only outputs nobody stores, and vectors past ``bounds[1]``
+    are written as zeros, since they meet real data in a product (0 * garbage can be NaN).
+    """
+    tiled, tXgX, tXsX, tXcX = views
+    src = tXgX[(None, None, None, t0, t1)]
+    dst = tXsX[(None, None, None, stage)]
+    interior = ((t0 + 1) * tile[0] <= bounds[0]) & ((t1 + 1) * tile[1] <= bounds[1])
+    if interior:
+        cute.copy(tiled, src, dst)
+    else:
+        crd = tXcX[(None, None, None, t0, t1)]
+        for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+                row, col = crd[(0, i, j)]
+                if row < bounds[0]:
+                    if col < bounds[1]:
+                        cute.copy(tiled, src[(None, i, j)], dst[(None, i, j)])
+                    else:
+                        dst[(None, i, j)].fill(0)

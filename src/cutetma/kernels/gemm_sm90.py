@@ -286,8 +286,8 @@ class HopperGemm:
         swizzled stage (the pointer carries the swizzle), zero-filling past K, then arrives
         on the stage's full barrier when its copies land."""
         tidx, _, _ = cute.arch.thread_idx()
-        copy_a, ra, ca = self._cp_async_operand(mA, sA, tile_mk, tidx)
-        copy_b, rb, cb = self._cp_async_operand(mB, sB, tile_nk, tidx)
+        a_part = cpa.partition_operand(mA, sA, tile_mk, tidx, WARPGROUP)
+        b_part = cpa.partition_operand(mB, sB, tile_nk, tidx, WARPGROUP)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         scheduler = utils.StaticPersistentTileScheduler.create(
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
@@ -296,45 +296,13 @@ class HopperGemm:
             m, n, _ = work.tile_idx
             for k in cutlass.range(k_tiles, unroll=1):
                 pipe.producer_acquire(state)
-                self._cp_async_tile(copy_a, ra, ca, m, k, state.index, mA.shape, tile_mk)
-                self._cp_async_tile(copy_b, rb, cb, n, k, state.index, mB.shape, tile_nk)
+                cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
+                cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
                 pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc
                 state.advance()
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         pipe.producer_tail(state)
-
-    @cute.jit
-    def _cp_async_operand(self, mX, sX, tile, tidx):
-        """Thread partitions of one operand: (copy, global view, smem view, coordinates)."""
-        k_major = isinstance(mX.stride[1], int) and mX.stride[1] == 1
-        tiled, _ = cpa.tiled_copy(mX.element_type, tile[0], tile[1], WARPGROUP,
-                                  1 if cutlass.const_expr(k_major) else 0)
-        thr = tiled.get_slice(tidx)
-        gX = cute.local_tile(cpa.aligned_rows(mX), tile, (None, None))
-        cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (None, None))
-        return tiled, (thr.partition_S(gX), thr.partition_D(sX)), thr.partition_S(cX)
-
-    @cute.jit
-    def _cp_async_tile(self, tiled, views, tXcX, mn, k, stage, bounds, tile):
-        tXgX, tXsX = views
-        src = tXgX[(None, None, None, mn, k)]
-        dst = tXsX[(None, None, None, stage)]
-        interior = ((mn + 1) * tile[0] <= bounds[0]) & ((k + 1) * tile[1] <= bounds[1])
-        if interior:  # the common case: no predicates, one copy of the whole partition
-            cute.copy(tiled, src, dst)
-        else:
-            crd = tXcX[(None, None, None, mn, k)]
-            # Rows past M (or N) only feed outputs the TMA store clips: skip them. Columns
-            # past K feed real outputs: zeros, in A and in B (0 * garbage can be NaN).
-            for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
-                for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
-                    row, col = crd[(0, i, j)]
-                    if row < bounds[0]:
-                        if col < bounds[1]:
-                            cute.copy(tiled, src[(None, i, j)], dst[(None, i, j)])
-                        else:
-                            dst[(None, i, j)].fill(0)
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched):
