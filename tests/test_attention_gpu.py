@@ -41,11 +41,11 @@ def _same_dtype(q, k, v, causal):
     return out.transpose(1, 2).nan_to_num(0.0)
 
 
-def check(q, k, v, causal):
+def check(q, k, v, causal, load="tma"):
     from cutetma import ops
     from cutetma.kernels.attention_sm90 import attention_ref
 
-    out, lse = ops.attention(q, k, v, causal=causal, return_lse=True)
+    out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, load=load)
     ref, ref_lse = attention_ref(q, k, v, causal)
     same = _same_dtype(q, k, v, causal).float()
     assert not out.isnan().any(), "NaN in the output"
@@ -58,10 +58,11 @@ def check(q, k, v, causal):
     assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-3
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_grid(dtype, head_dim, causal):
+def test_grid(load, dtype, head_dim, causal):
     import torch
 
     t = getattr(torch, dtype)
@@ -70,7 +71,7 @@ def test_grid(dtype, head_dim, causal):
         q = torch.randn(2, s_q, h, head_dim, device="cuda", dtype=t)
         k = torch.randn(2, s_k, h_kv, head_dim, device="cuda", dtype=t)
         v = torch.randn(2, s_k, h_kv, head_dim, device="cuda", dtype=t)
-        check(q, k, v, causal)
+        check(q, k, v, causal, load)
 
 
 @pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa"])

@@ -27,9 +27,20 @@ def test_compiles_with_tma_and_wgmma(dtype, head_dim, causal):
     assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cp_async_variant_swaps_only_the_producer(head_dim):
+    tma = kernels.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
+    cp = kernels.compile_attention(AttentionConfig(head_dim=head_dim, load="cp_async")).ptx
+    assert "cp.async.cg.shared.global" in cp and "cp.async.bulk.tensor" not in cp
+    assert "cp.async.mbarrier.arrive.noinc" in cp
+    # the consumers are the same code: the same WGMMAs and exponentials
+    assert cp.count("wgmma.mma_async.sync") == tma.count("wgmma.mma_async.sync")
+    assert cp.count("ex2.approx") == tma.count("ex2.approx")
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(head_dim=256), "head_dim"), (dict(block_m=64), "block_m"),
-    (dict(load="cp_async"), "only load='tma'"), (dict(stages=1), "at least 2"),
+    (dict(load="bulk"), "'tma' or 'cp_async'"), (dict(stages=1), "at least 2"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):

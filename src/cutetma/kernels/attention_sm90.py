@@ -3,6 +3,10 @@
 **Status: compiles for sm_90a; not yet run on a GPU** (work in progress for issue 5). The
 torch entry point refuses to run it until its GPU tests pass.
 
+``load="cp_async"`` swaps only the producer: a warpgroup copies Q, K and V 16 bytes per
+thread into the same swizzled stages (``cutetma.copy.cpasync``, the GEMM's tested path) and
+arrives on the same barriers; the consumers are the same code.
+
 O = softmax(Q K^T * scale) V and the log-sum-exp, Q (b, s_q, h, d), K and V (b, s_k, h_kv, d)
 (h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64 or 128, causal (bottom-right
 aligned when s_q != s_k, as FlashAttention) or not.
@@ -38,6 +42,7 @@ import dataclasses
 import math
 
 from cutetma import dsl
+from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
 
@@ -50,6 +55,8 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 WARPGROUP = 128
 LOG2_E = 1.4426950408889634
+# setmaxnreg budgets (producer, consumers): 128 x (p + 2 c) must fit the SM's 64K registers
+REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +66,15 @@ class AttentionConfig:
     block_n: int = 128  # keys per pipeline stage
     stages: int = 2
     causal: bool = False
-    load: str = "tma"  # "tma" or "cp_async" (the cp.async producer is not written yet)
+    load: str = "tma"  # "tma" or "cp_async": only the producer differs
 
     def __post_init__(self):
         if self.head_dim not in (64, 128):
             raise ValueError(f"head_dim={self.head_dim}: 64 or 128 (256 is not implemented yet)")
         if self.block_m != 128 or self.block_n not in (64, 128):
             raise ValueError("block_m is 128 (two warpgroups x 64 rows), block_n 64 or 128")
-        if self.load != "tma":
-            raise ValueError("only load='tma' is implemented so far (issue 5)")
+        if self.load not in ("tma", "cp_async"):
+            raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
         if self.stages < 2:
             raise ValueError("at least 2 K/V stages")
 
@@ -130,8 +137,8 @@ class FlashAttentionSm90:
 
         self.storage = Storage
         grid = (cute.ceil_div(mQ.shape[0], cfg.block_m), mQ.shape[2], mQ.shape[3])
-        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mO, mLSE, qk_mma, pv_mma,
-                    sQ_layout, sK_layout, sV_layout, mK.shape[0],
+        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
+                    pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
                     softmax_scale * LOG2_E).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
@@ -147,6 +154,7 @@ class FlashAttentionSm90:
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_k: cute.CopyAtom,
                mK_tma: cute.Tensor, tma_v: cute.CopyAtom, mV_tma: cute.Tensor,
+               mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor,
                mO: cute.Tensor, mLSE: cute.Tensor, qk_mma: cute.TiledMma,
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
@@ -173,19 +181,24 @@ class FlashAttentionSm90:
                                          8, kv_bytes)
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, 1)
+                cute.arch.mbarrier_init(q_bar, self.loader.barrier_count(WARPGROUP))
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         seqlen_q = mO.shape[0]
         n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+        producer_regs, consumer_regs = REGISTERS[cfg.load]
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
-            if warp == 0:
-                self.produce(pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
-                             sQ, sK, sV, m_block, head, batch, n_blocks)
+            cute.arch.setmaxregister_decrease(producer_regs)
+            if cutlass.const_expr(cfg.load == "tma"):
+                if warp == 0:
+                    self.produce(pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
+                                 mV_tma, sQ, sK, sV, m_block, head, batch, n_blocks)
+            else:
+                self.produce_cp_async(pipe, q_bar, mQ, mK, mVt, sQ, sK, sV, m_block, head,
+                                      batch, n_blocks, seqlen_k)
         else:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head,
                          batch, n_blocks, seqlen_q, seqlen_k, scale_log2)
 
@@ -227,6 +240,31 @@ class FlashAttentionSm90:
         pipe.producer_tail(state)
 
     @cute.jit
+    def produce_cp_async(self, pipe, q_bar, mQ, mK, mVt, sQ, sK, sV, m_block, head, batch,
+                         n_blocks, seqlen_k):
+        """A warpgroup: Q, then K_j and V_j, 16 bytes per cp.async into the same swizzled
+        stages; each thread arrives (noinc) when its copies land. Key rows past s_k are zeros
+        in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked to -inf."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+        gK = mK[(None, None, head, batch)]  # (s_k, d)
+        gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+        q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+        k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
+        v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
+        cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
+        self.loader.commit(q_bar)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+        for j in cutlass.range(n_blocks, unroll=1):
+            pipe.producer_acquire(state)
+            cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
+            cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+            pipe.producer_commit(state)
+            state.advance()
+        pipe.producer_tail(state)
+
+    @cute.jit
     def consume(self, pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head, batch,
                 n_blocks, seqlen_q, seqlen_k, scale_log2):
         """A consumer warpgroup: its 64 query rows against every key block, online softmax."""
@@ -256,6 +294,8 @@ class FlashAttentionSm90:
         p_steps = cfg.block_n // 16
 
         cute.arch.mbarrier_wait(q_bar, 0)
+        if cutlass.const_expr(cfg.load == "cp_async"):
+            cute.arch.fence_view_async_shared()  # Q came through the generic proxy
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         for j in cutlass.range(n_blocks, unroll=1):
             self.loader.consumer_wait(pipe, read)
