@@ -88,3 +88,13 @@ def test_entry_point_validates_before_anything_runs():
         ops.attention(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match=r"\(batch, seqlen, heads, head_dim\)"):
         ops.attention(q[0], q[0], q[0])
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_compiles_for_tensors_as_the_torch_face_passes_them(load):
+    """Strides with no divisibility claim and a dynamic head_dim, as from_dlpack gives: the
+    kernel restores the 16-byte facts (a per-head slice would otherwise look 2-byte aligned
+    and 16-byte cp.async would be refused)."""
+    cfg = AttentionConfig(head_dim=128, load=load)
+    ptx = kernels.compile_attention(cfg, as_from_dlpack=True).ptx
+    assert "wgmma.mma_async" in ptx

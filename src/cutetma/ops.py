@@ -369,11 +369,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             f"set {EXPERIMENTAL_ATTENTION}=1 to run it anyway (tests/test_attention_gpu.py)")
     from cutetma.kernels.attention_sm90 import AttentionConfig, FlashAttentionSm90
 
+    # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's odd
+    # stride, unchanged whenever torch already calls the tensor contiguous
     q, k, v = (x if x.stride(-1) == 1 and all(s * 2 % 16 == 0 for s in x.stride()[:-1])
-               and x.data_ptr() % 16 == 0 else x.contiguous() for x in (q, k, v))
+               and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
+               for x in (q, k, v))
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
-    if s_q == 0 or k.shape[1] == 0:
+    if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys
         out.zero_()
         lse.fill_(float("-inf"))
         return (out, lse) if return_lse else out

@@ -129,8 +129,12 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
 
 
 @functools.cache
-def compile_attention(cfg, dtype_name: str = "Float16"):
-    """The attention forward for sm_90a against fake (s, d, h, b) tensors of dynamic shape."""
+def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = False):
+    """The attention forward for sm_90a against fake (s, d, h, b) tensors of dynamic shape.
+
+    ``as_from_dlpack``: the tensors look like what ``ops.attention`` passes (every stride
+    dynamic with no divisibility claim, head_dim dynamic), so the kernel must restore the
+    16-byte facts itself."""
     from cutetma import dsl
     from cutetma.kernels.attention_sm90 import FlashAttentionSm90
 
@@ -140,9 +144,13 @@ def compile_attention(cfg, dtype_name: str = "Float16"):
     dtype = getattr(cutlass, dtype_name)
 
     def qkv():
-        shape = (cute.sym_int32(), cfg.head_dim, cute.sym_int32(), cute.sym_int32())
-        stride = (cute.sym_int64(divisibility=8), 1, cfg.head_dim,
-                  cute.sym_int64(divisibility=8))
+        if as_from_dlpack:
+            shape = (cute.sym_int32(),) * 4
+            stride = (cute.sym_int64(), 1, cute.sym_int64(), cute.sym_int64())
+        else:
+            shape = (cute.sym_int32(), cfg.head_dim, cute.sym_int32(), cute.sym_int32())
+            stride = (cute.sym_int64(divisibility=8), 1, cfg.head_dim,
+                      cute.sym_int64(divisibility=8))
         return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
     lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,

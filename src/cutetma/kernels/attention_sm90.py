@@ -96,6 +96,7 @@ class FlashAttentionSm90:
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)"""
         cfg = self.cfg
         dtype = mQ.element_type
+        mQ, mK, mV = (self._aligned_strides(x) for x in (mQ, mK, mV))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
         mK = self._broadcast_heads(mK, group)
@@ -141,6 +142,17 @@ class FlashAttentionSm90:
                     pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
                     softmax_scale * LOG2_E).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    @staticmethod
+    def _aligned_strides(mX: cute.Tensor):
+        """The same (s, d, h, b) tensor with its dynamic strides declared multiples of 16 bytes
+        (the torch face checked them). ``mark_layout_dynamic`` strides carry no divisibility,
+        so the (head, batch) slice the cp.async producer copies from would look 2-byte aligned
+        and the 16-byte cp.async would be refused at compile time."""
+        vec = 128 // mX.element_type.width
+        stride = tuple(s if isinstance(s, int) else cute.assume(s, divby=vec)
+                       for s in mX.stride)
+        return cute.make_tensor(mX.iterator, cute.make_layout(mX.shape, stride=stride))
 
     @staticmethod
     def _broadcast_heads(mX: cute.Tensor, group):
