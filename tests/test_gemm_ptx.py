@@ -107,3 +107,17 @@ def test_raster_band_never_pads_the_grid():
         clusters = math.ceil(math.ceil(n / tile_n) / cluster_n)
         assert band in (1, 2, 4, 8) and clusters % band == 0
     assert raster_band(8192, 256, 1) == 8
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_split_k_stores_fp32_partials_into_a_3d_workspace(load):
+    cfg = GemmConfig(tile_n=128, load=load, split_k=4)
+    ptx = kernels.compile_gemm(cfg, "Float16", "Float32").ptx
+    assert "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group" in ptx
+    assert WGMMA in ptx
+
+
+def test_split_k_leaves_the_unsplit_kernel_alone():
+    """split_k=1 must compile to the kernel validated on the H200 (no workspace mode)."""
+    ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16").ptx
+    assert "cp.async.bulk.tensor.3d" not in ptx

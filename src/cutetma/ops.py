@@ -172,7 +172,7 @@ def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tens
 
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
-                 schedule: str = "cooperative"):
+                 schedule: str = "cooperative", split_k: int = 1):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -190,7 +190,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
-                      raster_swizzle=raster_band(n, tile[1], cluster[1]))
+                      raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k)
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -222,7 +222,7 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         schedule: str = "cooperative", allow_copy: bool = True,
+         schedule: str = "cooperative", split_k: int = 1, allow_copy: bool = True,
          config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
@@ -234,7 +234,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
-    WGMMAs). ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
+    WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work tile, summed in
+    fp32 (for shapes with few output tiles; not yet validated on a GPU, so off by default).
+    ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
     for name, t in (("a", a), ("b", b)):
@@ -269,7 +271,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
     cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule)
+                                 schedule, split_k)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
@@ -286,11 +288,18 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
-    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
+    target = result
+    if cfg.split_k > 1:  # fp32 partial sums, one (M, N) slice per K slice, summed below
+        n_pad = -(-n // 4) * 4
+        workspace = torch.empty(cfg.split_k, m, n_pad, dtype=torch.float32, device=a.device)
+        target = workspace.permute(1, 2, 0)[:, :n]  # (M, N, split_k), N contiguous
+    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(target))
     clusters = _max_active_clusters(cfg)
-    key = ("gemm", a.dtype, out_dtype, b_ok.stride(1) == 1, cfg, clusters)
+    key = ("gemm", a.dtype, target.dtype, b_ok.stride(1) == 1, cfg, clusters)
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream())
     kernel(*tensors, _stream())  # max_active_clusters is a compile-time constant
+    if cfg.split_k > 1:
+        result.copy_(workspace[:, :, :n].sum(dim=0))
     return result
 
 

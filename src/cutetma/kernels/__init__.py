@@ -124,8 +124,18 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
     dtype = getattr(cutlass, dtype_name)
     out = getattr(cutlass, out_name or dtype_name)
     clusters = max_active_clusters // (cfg.cluster_m * cfg.cluster_n)
+    c = fake_operand(out)
+    if cfg.split_k > 1:  # the fp32 workspace (M, N, split_k) of partial sums
+        _, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_tensor
+
+        div = 128 // out.width
+        c = make_fake_tensor(out, (cute.sym_int32(), cute.sym_int32(divisibility=div),
+                                   cfg.split_k),
+                             (cute.sym_int64(divisibility=div), 1,
+                              cute.sym_int64(divisibility=div)), assumed_align=16)
     return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
-                           fake_operand(out), clusters, make_fake_stream())
+                           c, clusters, make_fake_stream())
 
 
 @functools.cache

@@ -67,6 +67,10 @@ class GemmConfig:
     # "pingpong": each owns whole 64-row tiles, alternately, so one's epilogue hides under
     # the other's WGMMAs (named barriers hand the tensor cores back and forth)
     schedule: str = "cooperative"
+    # split-K: each output tile's K range is cut into this many slices, each a work tile of
+    # its own writing fp32 partial sums into a (M, N, split_k) workspace (ops sums them):
+    # more tiles in flight when M x N has too few. Compiles; not yet run on a GPU.
+    split_k: int = 1
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -83,6 +87,8 @@ class GemmConfig:
             raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
         if self.schedule not in ("cooperative", "pingpong"):
             raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
+        if self.split_k < 1:
+            raise ValueError(f"split_k={self.split_k}: at least 1")
         if self.schedule == "pingpong" and self.tile_m != 64:
             # 128-row tiles per warpgroup (two m64 WGMMA rows) compiled but gave wrong results
             # on the H200 (benchmarks/results/gemm.json, 2026-11-30): refused until fixed
@@ -166,7 +172,7 @@ class HopperGemm:
         tma_c, mC_tma = tma.store_atom(mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile)
 
         tiles_mnl = (cute.ceil_div(mC.shape[0], cfg.tile_m),
-                     cute.ceil_div(mC.shape[1], cfg.tile_n), 1)
+                     cute.ceil_div(mC.shape[1], cfg.tile_n), cfg.split_k)
         sched = utils.PersistentTileSchedulerParams(
             tiles_mnl, (cfg.cluster_m, cfg.cluster_n, 1), cfg.raster_swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
@@ -240,6 +246,15 @@ class HopperGemm:
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched)
 
     @cute.jit
+    def _k_range(self, split, k_tiles):
+        """(first k-tile, k-tiles) of work slice ``split``: all of K without split-K."""
+        if cutlass.const_expr(self.cfg.split_k == 1):
+            return 0, k_tiles
+        per = cute.ceil_div(k_tiles, self.cfg.split_k)
+        first = split * per
+        return first, cutlass.max(cutlass.min(per, k_tiles - first), 0)
+
+    @cute.jit
     def produce_tma(self, pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk, tile_nk,
                     k_tiles, cta_layout, cluster_crd, sched):
         """One warp: each k-tile of A and B by TMA into the next stage, multicast to the CTAs
@@ -258,8 +273,9 @@ class HopperGemm:
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         while work.is_valid_tile:
-            m, n, _ = work.tile_idx
-            for k in cutlass.range(k_tiles, unroll=1):
+            m, n, split = work.tile_idx
+            k0, kn = self._k_range(split, k_tiles)
+            for k in cutlass.range(k0, k0 + kn, unroll=1):
                 pipe.producer_acquire(state)  # wait for an empty stage, arm expect_tx
                 bar = pipe.producer_get_barrier(state)
                 if cutlass.const_expr(cfg.cluster_n > 1):
@@ -293,8 +309,9 @@ class HopperGemm:
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         while work.is_valid_tile:
-            m, n, _ = work.tile_idx
-            for k in cutlass.range(k_tiles, unroll=1):
+            m, n, split = work.tile_idx
+            k0, kn = self._k_range(split, k_tiles)
+            for k in cutlass.range(k0, k0 + kn, unroll=1):
                 pipe.producer_acquire(state)
                 cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
                 cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
@@ -338,7 +355,10 @@ class HopperGemm:
         store_warp = 4 + 4 * wg if cutlass.const_expr(cfg.pingpong) else 4
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
+        if cutlass.const_expr(cfg.split_k > 1):  # (tile_m, tile_n, tiles_m, tiles_n, split)
+            gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None, None))
+        else:
+            gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
@@ -366,7 +386,8 @@ class HopperGemm:
         stores = cutlass.Int32(0)
         local = cutlass.Int32(0)  # tiles this CTA has seen
         while work.is_valid_tile:
-            m, n, _ = work.tile_idx
+            m, n, split = work.tile_idx
+            k0, kn = self._k_range(split, k_tiles)
             mine = True
             if cutlass.const_expr(cfg.pingpong):
                 mine = local % 2 == wg
@@ -377,7 +398,7 @@ class HopperGemm:
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 cute.nvgpu.warpgroup.fence()
-                for k in cutlass.range(k_tiles, unroll=1):
+                for k in cutlass.range(k0, k0 + kn, unroll=1):
                     loader.consumer_wait(pipe, read)
                     for kb in cutlass.range_constexpr(k_blocks):
                         cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
@@ -386,17 +407,26 @@ class HopperGemm:
                     # keep this k-tile's WGMMAs in flight; the previous stage is free once
                     # the group before them has retired
                     cute.nvgpu.warpgroup.wait_group(1)
-                    if k > 0:
+                    if k > k0:
                         loader.consumer_release(pipe, release)
                         release.advance()
                     read.advance()
                 if cutlass.const_expr(cfg.pingpong):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
                 cute.nvgpu.warpgroup.wait_group(0)
-                loader.consumer_release(pipe, release)
-                release.advance()
+                if cutlass.const_expr(cfg.split_k > 1):
+                    if kn > 0:  # an empty K slice consumed no stage: nothing to release
+                        loader.consumer_release(pipe, release)
+                        release.advance()
+                else:
+                    loader.consumer_release(pipe, release)
+                    release.advance()
 
-                gC_tile = cute.zipped_divide(gC[(None, None, m, n)], (cfg.tile_m, cfg.epi_n))
+                if cutlass.const_expr(cfg.split_k > 1):
+                    gC_mn = gC[(None, None, m, n, split)]
+                else:
+                    gC_mn = gC[(None, None, m, n)]
+                gC_tile = cute.zipped_divide(gC_mn, (cfg.tile_m, cfg.epi_n))
                 bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2,
                                                gmem_box_rank=1)
                 for e in cutlass.range_constexpr(epi_tiles):
@@ -417,7 +447,7 @@ class HopperGemm:
                     stores += 1
             else:
                 # the other warpgroup's tile: its stages pass us by
-                for _ in cutlass.range(k_tiles, unroll=1):
+                for _ in cutlass.range(kn, unroll=1):
                     read.advance()
                     release.advance()
             local += 1
