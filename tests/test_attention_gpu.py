@@ -60,7 +60,7 @@ def check(q, k, v, causal, load="tma"):
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_grid(load, dtype, head_dim, causal):
     import torch

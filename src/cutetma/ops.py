@@ -329,7 +329,7 @@ def _(a, b, trans_b, load, out_dtype):
 
 
 # =========================================================================== attention
-ATTENTION_HEAD_DIMS = (64, 128)
+ATTENTION_HEAD_DIMS = (64, 128, 256)
 EXPERIMENTAL_ATTENTION = "CUTETMA_EXPERIMENTAL_ATTENTION"
 
 
@@ -339,7 +339,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """FlashAttention-style forward: ``softmax(q k^T * scale) v`` (and the log-sum-exp).
 
     ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d) with h % h_kv == 0, fp16 or bf16,
-    d in {64, 128}; causal masks are bottom-right aligned when s_q != s_k (FlashAttention's
+    d in {64, 128, 256}; causal masks are bottom-right aligned when s_q != s_k (FlashAttention's
     convention, not torch SDPA's). Returns ``out`` (b, s_q, h, d), and ``lse`` (b, h, s_q)
     fp32 with ``return_lse``. Runs on the current CUDA stream.
 

@@ -8,7 +8,7 @@ thread into the same swizzled stages (``cutetma.copy.cpasync``, the GEMM's teste
 arrives on the same barriers; the consumers are the same code.
 
 O = softmax(Q K^T * scale) V and the log-sum-exp, Q (b, s_q, h, d), K and V (b, s_k, h_kv, d)
-(h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64 or 128, causal (bottom-right
+(h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64, 128 or 256, causal (bottom-right
 aligned when s_q != s_k, as FlashAttention) or not.
 
 Dataflow for one (128-row Q block, head, batch) CTA::
@@ -31,9 +31,11 @@ pairs (row r, cols 2t..2t+1) and (row r+8, same cols); the m64nNk16 A operand in
 holds, per 16 columns, the same four pairs of two such 8-column blocks. So P, converted
 element by element, *is* the A fragment of P V: no data moves between threads (16-bit types).
 
-Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0, d in {64, 128}.
-Not yet here (FlashAttention-3 has them): pingpong between the two warpgroups, intra-warpgroup
-overlap of the next Q K^T with this softmax, TMA-store epilogue, d = 256, cluster multicast.
+Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
+d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
+a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): pingpong
+between the two warpgroups, intra-warpgroup overlap of the next Q K^T with this softmax,
+TMA-store epilogue, cluster multicast.
 """
 
 from __future__ import annotations
@@ -63,14 +65,16 @@ REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 class AttentionConfig:
     head_dim: int = 128
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
-    block_n: int = 128  # keys per pipeline stage
+    block_n: int = 0  # keys per pipeline stage; 0: 128, or 64 for head_dim 256 (smem, registers)
     stages: int = 2
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
 
     def __post_init__(self):
-        if self.head_dim not in (64, 128):
-            raise ValueError(f"head_dim={self.head_dim}: 64 or 128 (256 is not implemented yet)")
+        if not self.block_n:
+            object.__setattr__(self, "block_n", 64 if self.head_dim == 256 else 128)
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
         if self.block_m != 128 or self.block_n not in (64, 128):
             raise ValueError("block_m is 128 (two warpgroups x 64 rows), block_n 64 or 128")
         if self.load not in ("tma", "cp_async"):
