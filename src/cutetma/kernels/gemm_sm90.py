@@ -267,34 +267,21 @@ class HopperGemm:
         tBsB, tBgB = tma.partition(tma_b, sB, gB, cluster_crd[0], cfg.cluster_m, box_rank=2)
         a_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=1)
         b_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=0)
-        loader = self.loader
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        scheduler = utils.StaticPersistentTileScheduler.create(
-            sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = scheduler.initial_work_tile_info()
-        while work.is_valid_tile:
-            m, n, split = work.tile_idx
-            k0, kn = self._k_range(split, k_tiles)
-            for k in cutlass.range(k0, k0 + kn, unroll=1):
-                pipe.producer_acquire(state)  # wait for an empty stage, arm expect_tx
-                bar = pipe.producer_get_barrier(state)
-                if cutlass.const_expr(cfg.cluster_n > 1):
-                    cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
-                              tma_bar_ptr=bar, mcast_mask=a_mask)
-                else:
-                    cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
-                              tma_bar_ptr=bar)
-                if cutlass.const_expr(cfg.cluster_m > 1):
-                    cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
-                              tma_bar_ptr=bar, mcast_mask=b_mask)
-                else:
-                    cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
-                              tma_bar_ptr=bar)
-                loader.commit(bar)
-                state.advance()
-            scheduler.advance_to_next_work()
-            work = scheduler.get_current_work()
-        pipe.producer_tail(state)
+
+        def load_stage(m, n, k, state):
+            bar = pipe.producer_get_barrier(state)
+            if cutlass.const_expr(cfg.cluster_n > 1):
+                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
+                          tma_bar_ptr=bar, mcast_mask=a_mask)
+            else:
+                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(cfg.cluster_m > 1):
+                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
+                          tma_bar_ptr=bar, mcast_mask=b_mask)
+            else:
+                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+
+        self._produce(pipe, k_tiles, sched, load_stage)
 
     @cute.jit
     def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched):
@@ -304,6 +291,18 @@ class HopperGemm:
         tidx, _, _ = cute.arch.thread_idx()
         a_part = cpa.partition_operand(mA, sA, tile_mk, tidx, WARPGROUP)
         b_part = cpa.partition_operand(mB, sB, tile_nk, tidx, WARPGROUP)
+
+        def load_stage(m, n, k, state):
+            cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
+            cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
+
+        self._produce(pipe, k_tiles, sched, load_stage)
+
+    @cute.jit
+    def _produce(self, pipe, k_tiles, sched, load_stage: cutlass.Constexpr):
+        """The producer's schedule, the same for every mechanism: for each work tile and each
+        of its k-tiles, take the next empty stage, ``load_stage`` into it, commit (TMA: the
+        bytes complete the barrier; cp.async: each thread arrives when its copies land)."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         scheduler = utils.StaticPersistentTileScheduler.create(
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
@@ -312,10 +311,9 @@ class HopperGemm:
             m, n, split = work.tile_idx
             k0, kn = self._k_range(split, k_tiles)
             for k in cutlass.range(k0, k0 + kn, unroll=1):
-                pipe.producer_acquire(state)
-                cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
-                cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
-                pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc
+                pipe.producer_acquire(state)  # wait for an empty stage (TMA: arm expect_tx)
+                load_stage(m, n, k, state)
+                pipe.producer_commit(state)
                 state.advance()
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
