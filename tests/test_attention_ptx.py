@@ -99,3 +99,60 @@ def test_compiles_for_tensors_as_the_torch_face_passes_them(load):
     cfg = AttentionConfig(head_dim=128, load=load)
     ptx = kernels.compile_attention(cfg, as_from_dlpack=True).ptx
     assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_accumulator_layout_is_what_the_kernel_assumes(n):
+    """The kernel hardcodes where a thread's fp32 accumulator elements sit (masking, row
+    reductions, the epilogue): value i of thread t is row 16 (t // 32) + (t % 32) // 4 +
+    8 ((i // 2) % 2), column 8 (i // 4) + 2 (t % 4) + i % 2. Check it against the DSL's own
+    TV layout of the m64nN WGMMA accumulator."""
+    import numpy as np
+
+    from cutetma import dsl, layouts
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.cute.nvgpu import warpgroup
+
+    def build():
+        k = warpgroup.OperandMajorMode.K
+        mma = sm90.make_trivial_tiled_mma(cutlass.Float16, cutlass.Float16, k, k,
+                                          cutlass.Float32, (1, 1, 1), tiler_mn=(64, n))
+        return layouts._spec_from_cute(mma.tv_layout_C)
+
+    tv = dsl.on_host(build)
+    t, v = np.meshgrid(np.arange(128), np.arange(64 * n // 128), indexing="ij")
+    idx = tv.outer((t, v))  # offset in the column-major (64, n) tile
+    row, col = idx % 64, idx // 64
+    lane = t % 32
+    assert np.array_equal(row, 16 * (t // 32) + lane // 4 + 8 * ((v // 2) % 2))
+    assert np.array_equal(col, 8 * (v // 4) + 2 * (lane % 4) + v % 2)
+
+
+def test_p_in_registers_is_the_a_operand():
+    """P V takes P from registers: value j of a thread's A fragment (one k16 slice) must be
+    the same (row, column) as accumulator value 8 kb + j of S, so converting S element by
+    element yields the operand. Check the RS WGMMA's A TV layout against the formula."""
+    import numpy as np
+
+    from cutetma import dsl, layouts
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.cute.nvgpu import warpgroup
+
+    def build():
+        mma = sm90.make_trivial_tiled_mma(
+            cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN, cutlass.Float32, (1, 1, 1), tiler_mn=(64, 128),
+            a_source=warpgroup.OperandSource.RMEM)
+        return layouts._spec_from_cute(mma.tv_layout_A)
+
+    tv = dsl.on_host(build)
+    t, j = np.meshgrid(np.arange(128), np.arange(8), indexing="ij")
+    idx = tv.outer((t, j))  # offset in the column-major (64, 16) A slice
+    row, col = idx % 64, idx // 64
+    lane = t % 32
+    assert np.array_equal(row, 16 * (t // 32) + lane // 4 + 8 * ((j // 2) % 2))
+    assert np.array_equal(col, 8 * (j // 4) + 2 * (lane % 4) + j % 2)
