@@ -3,8 +3,14 @@
     source .gpu/prelude.sh && python benchmarks/gpu_session.py [--quick] [--only STEP ...]
 
 Steps: ``hardware`` (the hardware-swizzle check -> hw_swizzle.json), ``tests`` (pytest -m gpu,
-in this process so compiled kernels are shared), then any benchmark steps. A short table
-is printed last; logs and JSON go to $OUT (or ./gpu_out).
+in this process so compiled kernels are shared), then any benchmark steps (``gemm_bench``,
+``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
+summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
+
+The next session's first call (everything written but not yet run on a GPU)::
+
+    source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests paper_l2 \
+        --pytest tests/test_attention_gpu.py tests/test_gemm_gpu.py
 """
 
 from __future__ import annotations
@@ -92,9 +98,18 @@ def step_attention_bench(args):
     return f"attention rc={rc}"
 
 
+def step_paper_l2(args):
+    """Figure 6 (b): L2 read sectors through Nsight Compute (benchmarks/paper/fig6_l2.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
+    import fig6_l2
+
+    return f"fig6_l2 rc={fig6_l2.main(['--out', str(OUT)] + (['--quick'] if args.quick else []))}"
+
+
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
          "gemm_tune": step_gemm_tune, "gemm_headline": step_gemm_headline,
-         "tutorials": step_tutorials, "attention_bench": step_attention_bench}
+         "tutorials": step_tutorials, "attention_bench": step_attention_bench,
+         "paper_l2": step_paper_l2}
 
 
 def main():
