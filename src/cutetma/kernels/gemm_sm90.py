@@ -14,13 +14,21 @@ Warp roles and the mainloop pipeline (``stages`` (full, empty) mbarrier pairs)::
                             cp.async: all 128 threads copy 16-byte vectors into the *same*
                             swizzled stage, then arrive (noinc) on its full barrier.
                             setmaxnreg lowers its registers (it needs few).
-    warpgroups 1..2         each owns 64 rows of the tile: wait full, WGMMA the k-tile,
-    consumers               release the previous stage (empty), keep one WGMMA group in
-                            flight; then the epilogue. setmaxnreg raises their registers.
+    warpgroups 1..2         cooperative: each owns 64 rows of every tile; pingpong: each owns
+    consumers               whole 64-row tiles in turn (named turn barriers hand over the
+                            tensor cores). Wait full, WGMMA the k-tile, release the previous
+                            stage (empty), keep one WGMMA group in flight; then the epilogue.
+                            setmaxnreg raises their registers.
 
-Only the producer differs between mechanisms: tiles, stages, swizzle, consumers and the
-epilogue are the same code (``cutetma.copy.loader`` holds the two producer sides). Tiles are
-handed out by a static persistent scheduler with a rasterization swizzle for L2 reuse.
+    barrier        arrivals per phase
+    full[s]        TMA: 1 (arrive.expect_tx) + the stage's bytes; cp.async: 128 (noinc)
+    empty[s]       consumer warps of the tile (x multicast partners under TMA multicast)
+
+Only the producer differs between mechanisms: one schedule (``_produce``) takes a stage
+loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are the same code
+(``cutetma.copy.loader`` picks the pipeline). Tiles come from a static persistent scheduler
+whose rasterization band divides the grid (no phantom tiles). ``split_k`` (off by default,
+not yet run on a GPU) cuts K into slices written as fp32 partials.
 
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
 B K-major or N-major, C row-major; tile M in {64, 128}, N in {64, 128, 256}, K-tile 64;
