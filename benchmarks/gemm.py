@@ -38,10 +38,27 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
 }
 
 
-def candidates(name: str, m: int):
-    """The mechanism's configurations for this M (one tile row: 64-row tiles, and a
-    multicast along M would share nothing)."""
+SM_COUNT = 132
+
+
+def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
+    """Split-K for a shape whose output tiles fill under half the SMs and whose K is long
+    enough to cut: enough slices to reach about one wave, each at least 8 k-tiles."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    k_tiles = -(-k // 64)
+    if tiles * 2 > SM_COUNT or k_tiles < 16:
+        return 1
+    return max(1, min(SM_COUNT // tiles, k_tiles // 8, 8))
+
+
+def candidates(name: str, m: int, n: int = 0, k: int = 0):
+    """The mechanism's configurations for this shape (one tile row: 64-row tiles, and a
+    multicast along M would share nothing; few output tiles: also split-K, not yet
+    validated on a GPU, so the correctness check before timing guards it)."""
     seen = []
+    split_tile = (64, 128) if m <= 64 else (128, 128)
+    if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:
+        seen.append(dict(load=name, tile=split_tile, split_k=s))
     for kwargs in MECHANISMS[name]:
         if m > 64:
             options = [kwargs]
@@ -119,7 +136,7 @@ def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
     row = {"M": m, "N": n, "K": k, "dtype": dtype, "cublas": flops / bench(lambda: a @ b.T) / 1e9}
     for name in MECHANISMS:
         best = None
-        for kwargs in candidates(name, m):
+        for kwargs in candidates(name, m, n, k):
             def call(kwargs=kwargs):
                 return ops.gemm(a, b, **kwargs)
 
