@@ -246,14 +246,13 @@ class FlashAttentionSm90:
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(q_bar, q_bytes)
         cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_bar)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        for j in cutlass.range(n_blocks, unroll=1):
-            pipe.producer_acquire(state)
+
+        def load_stage(j, state):
             bar = pipe.producer_get_barrier(state)
             cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)], tma_bar_ptr=bar)
             cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)], tma_bar_ptr=bar)
-            state.advance()
-        pipe.producer_tail(state)
+
+        self._produce_kv(pipe, n_blocks, load_stage)
 
     @cute.jit
     def produce_cp_async(self, pipe, q_bar, mQ, mK, mVt, sQ, sK, sV, m_block, head, batch,
@@ -271,11 +270,22 @@ class FlashAttentionSm90:
         v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
         cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
         self.loader.commit(q_bar)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        for j in cutlass.range(n_blocks, unroll=1):
-            pipe.producer_acquire(state)
+
+        def load_stage(j, state):
             cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
             cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+
+        self._produce_kv(pipe, n_blocks, load_stage)
+
+    @cute.jit
+    def _produce_kv(self, pipe, n_blocks, load_stage: cutlass.Constexpr):
+        """The K/V schedule, the same for every mechanism: for each key block take the next
+        empty stage, ``load_stage`` into it, commit (TMA: the bytes complete the barrier,
+        a no-op here; cp.async: each thread arrives when its copies land)."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
+        for j in cutlass.range(n_blocks, unroll=1):
+            pipe.producer_acquire(state)
+            load_stage(j, state)
             pipe.producer_commit(state)
             state.advance()
         pipe.producer_tail(state)
