@@ -1,15 +1,17 @@
 """Attention forward benchmark on the H200: cuDNN and FlashAttention-2 (torch SDPA backends)
-against ours (TMA; cp.async once it exists), one run, the same randn data.
+against ours (TMA and cp.async producers), one run, the same randn data.
 
-    source .gpu/prelude.sh && CUTETMA_EXPERIMENTAL_ATTENTION=1 python benchmarks/attention.py
+    source .gpu/prelude.sh && python benchmarks/attention.py [--quick] [--out DIR]
 
 The FlashAttention-3 grid: 16k tokens per batch (b = 16384 / s), h = 2048 / d heads,
 d in {64, 128, 256}, s in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fp16 and bf16.
 FLOPs = 4 b h s^2 d, halved for causal. Times: medians of ``triton.testing.do_bench`` over
 CUDA-graph replays (``benchmarks/gemm.py``'s ``bench``). Ours is checked against cuDNN's
 output first; a wrong or unsupported configuration becomes a row with an error.
+``tma`` / ``cp_async`` use the default consumer schedule (pingpong); fp16 rows also time the
+TMA kernel with the simpler schedules (``tma_serial``, ``tma_overlap``): the ablation of
+FlashAttention-3's two overlaps.
 Writes ``attention.json`` and ``attention.png`` into --out.
-Status: written before our kernel had run on a GPU (issue 5); first run pending.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cutetma import ops
+    from cutetma.kernels.attention_sm90 import AttentionConfig
 
     t = getattr(torch, dtype)
     b, h = TOKENS // s, 2048 // d
@@ -60,9 +63,15 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
             row[name] = flops / bench(call) / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    for load in ("tma", "cp_async"):
-        def ours(load=load):
-            return ops.attention(q, k, v, causal=causal, load=load)
+    variants = [("tma", "tma", None), ("cp_async", "cp_async", None)]
+    if dtype == "float16":
+        variants += [("tma_serial", "tma", "serial"), ("tma_overlap", "tma", "overlap")]
+    for load, mechanism, schedule in variants:
+        def ours(mechanism=mechanism, schedule=schedule):
+            if schedule is None:
+                return ops.attention(q, k, v, causal=causal, load=mechanism)
+            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, schedule=schedule)
+            return ops._run_attention(q, k, v, d ** -0.5, cfg)[0]
         try:
             out = ours()
             if ref is not None:
@@ -89,6 +98,12 @@ def summarize(rows) -> dict:
     mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
     if mech:
         s["median_tma_over_cp_async"] = statistics.median(mech)
+        s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
+        s["cells_timed_both"] = len(mech)
+    for ablation in ("tma_serial", "tma_overlap"):
+        gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
+        if gains:
+            s[f"median_pingpong_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)
     return s
 
 
@@ -138,7 +153,7 @@ def main(argv=None):
     plot(rows, out / "attention.png")
     print(f"wrote {path}")
     for key, value in summary.items():
-        print(f"  {key}: {value:.3f}")
+        print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
     return 0
 
 

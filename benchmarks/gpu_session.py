@@ -88,12 +88,9 @@ def step_tutorials(args):
 
 
 def step_attention_bench(args):
-    import os
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import attention
 
-    os.environ.setdefault("CUTETMA_EXPERIMENTAL_ATTENTION", "1")
     rc = attention.main(["--out", str(OUT)] + (["--quick"] if args.quick else []))
     return f"attention rc={rc}"
 

@@ -1,9 +1,8 @@
 """Attention forward on the H200 against the fp32 reference, flash-attention's rule: the
 kernel's max error is at most twice torch's same-dtype error plus rounding; the LSE checked;
 outputs poisoned first (the kernel writes into fresh tensors: NaN anywhere fails).
-
-Not yet run on a GPU (issue 5): the entry point needs CUTETMA_EXPERIMENTAL_ATTENTION=1,
-which these tests set."""
+Every schedule of the consumers (serial, overlap, pingpong), both mechanisms, the custom op
+on a side stream, and the errors raised before launch."""
 
 import itertools
 
@@ -16,10 +15,9 @@ HEADS = [(4, 4), (4, 2), (4, 1)]  # MHA, GQA, MQA
 
 
 @pytest.fixture(autouse=True)
-def _enable(monkeypatch):
+def _no_tf32():
     import torch
 
-    monkeypatch.setenv("CUTETMA_EXPERIMENTAL_ATTENTION", "1")
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
@@ -41,11 +39,15 @@ def _same_dtype(q, k, v, causal):
     return out.transpose(1, 2).nan_to_num(0.0)
 
 
-def check(q, k, v, causal, load="tma"):
+def check(q, k, v, causal, load="tma", schedule=None):
     from cutetma import ops
-    from cutetma.kernels.attention_sm90 import attention_ref
+    from cutetma.kernels.attention_sm90 import AttentionConfig, attention_ref
 
-    out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, load=load)
+    if schedule is None:
+        out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, load=load)
+    else:
+        cfg = AttentionConfig(head_dim=q.shape[-1], causal=causal, load=load, schedule=schedule)
+        out, lse = ops._run_attention(q, k, v, q.shape[-1] ** -0.5, cfg)
     ref, ref_lse = attention_ref(q, k, v, causal)
     same = _same_dtype(q, k, v, causal).float()
     assert not out.isnan().any(), "NaN in the output"
@@ -84,3 +86,62 @@ def test_gqa_mqa(heads, causal):
     k = torch.randn(2, 1024, h_kv, 128, device="cuda", dtype=torch.float16)
     v = torch.randn(2, 1024, h_kv, 128, device="cuda", dtype=torch.float16)
     check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("schedule", ["serial", "overlap"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_other_schedules(schedule, causal):
+    """The schedules the benchmark compares against the default (pingpong)."""
+    import torch
+
+    for s_q, s_k in [(1, 1), (113, 203), (1023, 1023), (203, 113)]:
+        q = torch.randn(2, s_q, 4, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, s_k, 4, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, s_k, 4, 128, device="cuda", dtype=torch.bfloat16)
+        check(q, k, v, causal, schedule=schedule)
+
+
+def test_custom_op_and_stream():
+    import torch
+
+    from cutetma.kernels.attention_sm90 import attention_ref
+
+    q = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out, lse = torch.ops.cutetma.attention(q, k, k, True, 0.1, "tma")
+    side.synchronize()
+    ref, ref_lse = attention_ref(q, k, k, True, softmax_scale=0.1)
+    assert (out.float() - ref).abs().max().item() < 2e-2
+    assert (lse - ref_lse).abs().max().item() < 1e-3
+
+
+def test_strided_inputs_are_correct():
+    """Non-contiguous views (q sliced from a packed qkv tensor, as models do) run as is."""
+    import torch
+
+    qkv = torch.randn(2, 257, 3, 4, 64, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    check(q, k, v, True)
+
+
+def test_errors_before_launch():
+    import torch
+
+    from cutetma import ops
+
+    def t(*shape, dtype=torch.float16):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    with pytest.raises(ValueError, match="head_dim 96"):
+        ops.attention(t(1, 8, 2, 96), t(1, 8, 2, 96), t(1, 8, 2, 96))
+    with pytest.raises(ValueError, match="not a multiple"):
+        ops.attention(t(1, 8, 3, 64), t(1, 8, 2, 64), t(1, 8, 2, 64))
+    with pytest.raises(TypeError, match="share one dtype"):
+        ops.attention(t(1, 8, 2, 64), t(1, 8, 2, 64, dtype=torch.bfloat16), t(1, 8, 2, 64))
+    with pytest.raises(ValueError, match="alike"):
+        ops.attention(t(1, 8, 2, 64), t(1, 9, 2, 64), t(1, 8, 2, 64))
+    with pytest.raises(ValueError, match="load"):
+        ops.attention(t(1, 8, 2, 64), t(1, 8, 2, 64), t(1, 8, 2, 64), load="bulk")

@@ -1,9 +1,11 @@
 """The attention forward compiled for sm_90a on a CPU machine, and its fp32 reference.
 
-The kernel has not run on a GPU yet (issue 5): these tests check what can be checked
-without one; tests/test_attention_gpu.py holds the numerical checks for the H200."""
+What can be checked without a GPU: the PTX of every variant (mechanism, schedule), the
+layouts the kernel hardcodes, the reference; tests/test_attention_gpu.py holds the numerical
+checks on the H200."""
 
 import math
+import re
 
 import pytest
 
@@ -22,7 +24,9 @@ def test_compiles_with_tma_and_wgmma(dtype, head_dim, causal):
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{suffix}" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16.f32.{suffix}" in ptx
     wgmmas = ptx.count("wgmma.mma_async.sync")
-    assert wgmmas == head_dim // 16 + cfg.block_n // 16  # d/16 for Q K^T, block_n/16 for P V
+    # d/16 for Q K^T, block_n/16 for P V; twice over, as the overlapped schedule peels the
+    # first Q K^T and the last P V out of its loop
+    assert wgmmas == 2 * (head_dim // 16 + cfg.block_n // 16)
     assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx
     assert ptx.count("ex2.approx") >= cfg.block_n // 2  # an exp2 per score: 64 x n / 128
     assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx
@@ -39,9 +43,26 @@ def test_cp_async_variant_swaps_only_the_producer(head_dim):
     assert cp.count("ex2.approx") == tma.count("ex2.approx")
 
 
+@pytest.mark.parametrize("schedule", ["serial", "overlap", "pingpong"])
+def test_schedule_shows_in_the_ptx(schedule):
+    """serial waits for every GEMM (wait_group 0 only); overlap keeps P V in flight during
+    the softmax (wait_group 1); pingpong adds the two warpgroups' turn barriers: named
+    barriers over both consumer warpgroups (256 threads)."""
+    ptx = kernels.compile_attention(AttentionConfig(schedule=schedule)).ptx
+    pv = 128 // 16
+    overlapped = "wgmma.wait_group.sync.aligned \t1;" in ptx
+    turns = re.findall(r"bar\.(?:arrive|sync)\s+%r\d+, 256;", ptx)
+    assert overlapped == (schedule != "serial")
+    assert bool(turns) == (schedule == "pingpong")
+    per_loop = 128 // 16 + pv
+    assert ptx.count("wgmma.mma_async.sync") == (per_loop if schedule == "serial"
+                                                else 2 * per_loop)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(head_dim=96), "head_dim"), (dict(block_m=64), "block_m"),
     (dict(load="bulk"), "'tma' or 'cp_async'"), (dict(stages=1), "at least 2"),
+    (dict(schedule="fast"), "schedule"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -156,3 +177,15 @@ def test_p_in_registers_is_the_a_operand():
     lane = t % 32
     assert np.array_equal(row, 16 * (t // 32) + lane // 4 + 8 * ((j // 2) % 2))
     assert np.array_equal(col, 8 * (j // 4) + 2 * (lane % 4) + j % 2)
+
+
+def test_custom_op_fake_shapes():
+    import torch
+
+    import cutetma.ops  # noqa: F401  (registers cutetma::attention)
+
+    q = torch.empty(2, 100, 8, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 50, 2, 128, dtype=torch.bfloat16, device="meta")
+    out, lse = torch.ops.cutetma.attention(q, k, k, True, None, "tma")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32

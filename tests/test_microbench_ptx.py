@@ -201,3 +201,51 @@ def test_benchmark_sweeps_are_valid_configs():
     assert len(refused) == len(fig6.CLUSTERS) * len(fig6.LOADS)
     assert all("shared memory" in why for why in refused)
     assert len(fig7.cases(quick=False)) == 4 * 20 * 2
+
+
+def _fig6_l2():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))
+    import fig6_l2
+
+    return fig6_l2
+
+
+def _l2_row(load, n, bif, tex, other, dram, ns):
+    fig6_l2 = _fig6_l2()
+    return {"load": load, "cluster": n, "bytes_in_flight_per_cta": bif, fig6_l2.TEX: tex,
+            fig6_l2.ALL: tex + other, fig6_l2.DRAM: dram, fig6_l2.TIME: ns}
+
+
+def test_fig6_l2_summarize_reports_both_sector_ratios():
+    """Figure 6 (b)'s summary (CPU): SM-requested, all-sources and DRAM sector ratios."""
+    fig6_l2 = _fig6_l2()
+    rows = [_l2_row("tma", 8, 8192, 2000.0, 500.0, 1000.0, 25.0),
+            _l2_row("tma_multicast", 8, 8192, 1000.0, 500.0, 1000.0, 50.0),
+            _l2_row("tma", 2, 8192, 1000.0, 500.0, 1000.0, 30.0)]  # no multicast row: skipped
+    s = fig6_l2.summarize(rows)
+    assert s["l2_read_sectors_from_sms_unicast_over_multicast"] == {"8": {"8 KiB": 2.0}}
+    assert s["l2_read_sectors_all_sources_unicast_over_multicast"]["8"]["8 KiB"] == 2500 / 1500
+    assert s["dram_read_sectors_unicast_over_multicast"]["8"]["8 KiB"] == 1.0
+    assert s["ncu_gpu_time_unicast_over_multicast_range"]["8"] == [0.5, 0.5]
+    assert s["other_source_sectors_over_dram_sectors_range"] == [0.5, 0.5]
+    assert s["paper_h100_l2_sectors_unicast_over_multicast"] == {"8": 2.1, "16": 4.4}
+
+
+def test_fig6_l2_resummarize_keeps_meta(tmp_path):
+    """``--resummarize`` rewrites meta.summary and the PNG from the rows, nothing else."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    fig6_l2 = _fig6_l2()
+    rows = [_l2_row("tma", 16, 32768, 4400.0, 10.0, 1000.0, 25.0),
+            _l2_row("tma_multicast", 16, 32768, 1000.0, 10.0, 1000.0, 50.0)]
+    path = tmp_path / "paper_fig6_l2.json"
+    path.write_text(json.dumps({"meta": {"date": "d", "command": "c", "summary": {"x": 1}},
+                                "rows": rows}))
+    assert fig6_l2.main(["--resummarize", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["rows"] == rows
+    assert doc["meta"]["date"] == "d" and doc["meta"]["command"] == "c"
+    assert doc["meta"]["summary"]["l2_read_sectors_from_sms_unicast_over_multicast"] == {
+        "16": {"32 KiB": 4.4}}
+    assert (tmp_path / "paper_fig6_l2.png").stat().st_size > 0

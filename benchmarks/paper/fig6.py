@@ -13,7 +13,7 @@ buffer (iteration k of cluster c reads tile c * iters + k), so both arms read th
 bytes. Runtime per iteration = CUDA-event time of the launch / iterations.
 
 Panel (b) of the paper (L2 read sectors) needs Nsight Compute counters
-(``lts__t_sectors_srcunit_tex_op_read.sum``); it is not measured here.
+(``lts__t_sectors_srcunit_tex_op_read.sum``): ``fig6_l2.py`` reads them, not this script.
 Every configuration is checked first: every CTA dumps the stage holding the last tile.
 Writes ``paper_fig6.json`` and ``paper_fig6.png``.
 """

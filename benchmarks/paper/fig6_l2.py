@@ -2,15 +2,22 @@
 read with Nsight Compute, N = 2, 4, 8, 16.
 
     source .gpu/prelude.sh && python benchmarks/paper/fig6_l2.py [--quick] [--out DIR]
+    python benchmarks/paper/fig6_l2.py --resummarize benchmarks/results/paper_fig6_l2.json
 
 Runs itself under ``ncu --clock-control none`` (counters only; the runtimes are Figure 6 (a),
-``fig6.py``): every ``ClusterBroadcast`` configuration launches once inside the NVTX range
+``fig6.py``; ncu's default ``--cache-control all`` flushes the caches before each profiled
+launch): every ``ClusterBroadcast`` configuration launches once inside the NVTX range
 "profile", in the order of ``cases()``, so the n-th profiled kernel is the n-th case. The
-counters: ``lts__t_sectors_op_read.sum`` (every L2 read sector), its share requested by the
-SMs (``lts__t_sectors_srcunit_tex_op_read.sum``), ``lts__t_requests_op_read.sum`` and
+counters: ``lts__t_sectors_op_read.sum`` (every L2 read sector, whatever unit asked for it),
+its share requested by the SMs (``lts__t_sectors_srcunit_tex_op_read.sum``: the paper's
+metric, "L2 read sectors served"), ``lts__t_requests_op_read.sum`` and
 ``dram__sectors_read.sum`` (the DRAM bytes both arms must share). Writes
-``paper_fig6_l2.json`` (rows + the unicast / multicast sector ratios per N and size).
-Status: written without a GPU at hand; first run pending (issue 6).
+``paper_fig6_l2.json`` (rows + the unicast / multicast ratios per N and size of all three
+sector counts) and ``paper_fig6_l2.png`` (panel (b): the SM-requested sector ratio per N, the
+paper's H100 values beside it). ``--resummarize`` recomputes both from an existing JSON's rows
+without a GPU (the rest of its meta is kept).
+Ran on the H200 (2026-11-30): SM-requested L2 read sectors tie at N <= 4 (1.00) and are
+2.03-2.09x (N = 8) and 4.09-4.37x (N = 16) for redundant unicast, as the paper's 2.1x / 4.4x.
 """
 
 from __future__ import annotations
@@ -28,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fig6  # noqa: E402
 import run_all as common  # noqa: E402
 
-METRICS = [
-    "lts__t_sectors_op_read.sum",
-    "lts__t_sectors_srcunit_tex_op_read.sum",
-    "lts__t_requests_op_read.sum",
-    "dram__sectors_read.sum",
-    "gpu__time_duration.sum",
-]
+ALL = "lts__t_sectors_op_read.sum"  # every L2 read sector, any source unit
+TEX = "lts__t_sectors_srcunit_tex_op_read.sum"  # requested by the SMs: the paper's metric
+REQUESTS = "lts__t_requests_op_read.sum"
+DRAM = "dram__sectors_read.sum"
+TIME = "gpu__time_duration.sum"
+METRICS = [ALL, TEX, REQUESTS, DRAM, TIME]
+PAPER = {8: 2.1, 16: 4.4}  # the paper's H100 SM-requested sector ratios (section 4.4)
 LOADS = ("tma", "tma_multicast")
 BIF_KIB = (8, 32, 128)
 ITERS = 64
@@ -53,7 +60,8 @@ def cases(quick: bool):
 
 
 def workload(quick: bool):
-    """Compile and check every case outside the profiled range, then launch each once in it."""
+    """Compile and launch every case once outside the profiled range (a warm-up, unchecked:
+    ``fig6.py`` checks the same configurations), then launch each once in it."""
     import torch
 
     from cutetma.kernels import microbench as mb
@@ -103,16 +111,82 @@ def profile(quick: bool) -> list[dict]:
     return rows
 
 
-def summarize(rows) -> dict:
-    """L2 read sectors, unicast / multicast, per N and bytes in flight per CTA."""
-    key = "lts__t_sectors_op_read.sum"
-    by = {(r["load"], r["cluster"], r["bytes_in_flight_per_cta"]): r.get(key) for r in rows}
+def ratios(rows, metric: str) -> dict:
+    """{N: {bytes in flight per CTA: unicast / multicast}} of one counter."""
+    by = {(r["load"], r["cluster"], r["bytes_in_flight_per_cta"]): r.get(metric) for r in rows}
     out = {}
-    for (load, n, bif), sectors in sorted(by.items()):
+    for (load, n, bif), value in sorted(by.items()):
         other = by.get(("tma_multicast", n, bif))
-        if load == "tma" and sectors and other:
-            out.setdefault(str(n), {})[f"{bif // 1024} KiB"] = sectors / other
-    return {"l2_read_sectors_unicast_over_multicast": out}
+        if load == "tma" and value and other:
+            out.setdefault(n, {})[bif] = value / other
+    return out
+
+
+def _by_kib(per_n: dict) -> dict:
+    return {str(n): {f"{bif // 1024} KiB": v for bif, v in d.items()} for n, d in per_n.items()}
+
+
+def _range(per_n: dict) -> dict:
+    return {str(n): [min(d.values()), max(d.values())] for n, d in per_n.items() if d}
+
+
+def summarize(rows) -> dict:
+    """Unicast / multicast per N and bytes in flight per CTA: L2 read sectors requested by the
+    SMs (the paper's Figure 6 (b)), all L2 read sectors, DRAM read sectors, ncu kernel time."""
+    s = {"metric_note": f"{TEX} (sectors requested by the SMs) is the paper's metric; "
+                        f"{ALL} adds sectors of other source units (about the same count in "
+                        f"both arms), which dilutes the ratio"}
+    for key, metric in (("l2_read_sectors_from_sms", TEX), ("l2_read_sectors_all_sources", ALL),
+                        ("dram_read_sectors", DRAM), ("ncu_gpu_time", TIME)):
+        per_n = ratios(rows, metric)
+        s[f"{key}_unicast_over_multicast"] = _by_kib(per_n)
+        s[f"{key}_unicast_over_multicast_range"] = _range(per_n)
+    other = [(r[ALL] - r[TEX]) / r[DRAM] for r in rows if r.get(ALL) and r.get(TEX)
+             and r.get(DRAM)]
+    if other:  # what the all-sources count adds, per DRAM sector read, over every row
+        s["other_source_sectors_over_dram_sectors_range"] = [min(other), max(other)]
+    s["paper_h100_l2_sectors_unicast_over_multicast"] = {str(n): v for n, v in PAPER.items()}
+    return s
+
+
+def plot(rows, path: Path):
+    """Panel (b): SM-requested L2 read sectors, unicast / multicast, per N (all L2 read
+    sectors dotted); the paper's H100 values at N = 8 and 16 dashed. Style of ``fig6.plot``
+    (``common.ratio_plot``), with room above the curves for the legend."""
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
+    tex = ratios(rows, TEX)
+    markers = dict(zip(fig6.CLUSTERS, ("o", "x", "s", "^"), strict=True))
+    colors = {n: f"C{i}" for i, n in enumerate(fig6.CLUSTERS)}
+    for n, d in tex.items():
+        ax.plot([bif / 1024 for bif in d], list(d.values()), marker=markers.get(n, "o"),
+                color=colors.get(n, "k"), label=f"N={n}, requested by the SMs")
+    for n, d in ratios(rows, ALL).items():
+        ax.plot([bif / 1024 for bif in d], list(d.values()), ls=":", marker=".",
+                color=colors.get(n, "k"), alpha=0.6, label=f"N={n}, all L2 read sectors")
+    xs = sorted({bif / 1024 for d in tex.values() for bif in d}) or [8.0, 128.0]
+    for n, v in PAPER.items():
+        ax.plot([xs[0], xs[-1]], [v, v], ls="--", lw=1.2, color=colors.get(n, "k"),
+                label=f"paper (H100), N={n}: {v}x")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 7)
+    ax.set_xlabel("bytes in flight per CTA (KiB)")
+    ax.set_ylabel("L2 read sectors: unicast / multicast")
+    ax.set_title("Figure 6 (b) on our GPU (> 1: redundant unicast reads more L2 sectors)",
+                 fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    common.save_figure(fig, path)
+
+
+def resummarize(path: Path) -> Path:
+    """Recompute ``meta.summary`` of an existing JSON from its rows (the rest of meta is kept)
+    and redraw the PNG beside it; needs no GPU."""
+    doc = json.loads(path.read_text())
+    doc["meta"]["summary"] = summarize(doc["rows"])
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc["rows"], path.with_suffix(".png"))
+    return path
 
 
 def main(argv=None):
@@ -120,16 +194,24 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--resummarize", metavar="JSON", type=Path,
+                    help="recompute meta.summary and the PNG of an existing JSON (no GPU)")
     args = ap.parse_args(argv)
     if args.workload:
         workload(args.quick)
+        return 0
+    if args.resummarize:
+        path = resummarize(args.resummarize)
+        print(f"rewrote meta.summary of {path} and {path.with_suffix('.png')}")
+        print(json.dumps(json.loads(path.read_text())["meta"]["summary"], indent=1))
         return 0
     from cutetma import results
 
     rows = profile(args.quick)
     summary = summarize(rows)
     path = results.write("paper_fig6_l2", rows, args.out, extra_meta={"summary": summary})
-    print(f"wrote {path}")
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     print(json.dumps(summary, indent=1))
     return 0
 

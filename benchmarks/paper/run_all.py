@@ -2,10 +2,11 @@
 
     source .gpu/prelude.sh && python benchmarks/paper/run_all.py --out $OUT [--quick]
 
-Runs ``fig4.py``, ``fig6.py`` and ``fig7.py``, each in its own process under a time limit
-(a hung kernel costs one figure, not the session; every figure rewrites its JSON as it goes,
-so a figure that is stopped keeps what it measured), then ``summarize.py``. Writes
-``paper_fig4.json`` / ``.png``, ``paper_fig6.*`` and ``paper_fig7.*`` into --out (default
+Runs ``fig4.py``, ``fig6.py``, ``fig7.py`` and ``fig6_l2.py`` (Figure 6 (b), Nsight Compute
+counters; needs ``ncu``), each in its own process under a time limit (a hung kernel costs one
+figure, not the session; every figure rewrites its JSON as it goes, so a figure that is
+stopped keeps what it measured), then ``summarize.py``. Writes ``paper_fig4.json`` /
+``.png``, ``paper_fig6.*``, ``paper_fig7.*`` and ``paper_fig6_l2.*`` into --out (default
 ``benchmarks/results``). ``--in-process`` runs the figures in this process instead.
 
 This module also holds what the three figure scripts share: progress bar, CUDA-event

@@ -330,7 +330,6 @@ def _(a, b, trans_b, load, out_dtype):
 
 # =========================================================================== attention
 ATTENTION_HEAD_DIMS = (64, 128, 256)
-EXPERIMENTAL_ATTENTION = "CUTETMA_EXPERIMENTAL_ATTENTION"
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -341,13 +340,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d) with h % h_kv == 0, fp16 or bf16,
     d in {64, 128, 256}; causal masks are bottom-right aligned when s_q != s_k (FlashAttention's
     convention, not torch SDPA's). Returns ``out`` (b, s_q, h, d), and ``lse`` (b, h, s_q)
-    fp32 with ``return_lse``. Runs on the current CUDA stream.
-
-    The kernel compiles for sm_90a but has not been validated on a GPU yet: until it has,
-    it runs only with the environment variable CUTETMA_EXPERIMENTAL_ATTENTION=1.
+    fp32 with ``return_lse``. Runs on the current CUDA stream. ``load="cp_async"`` runs the
+    same kernel with its producer swapped (the paper's forced cp.async variant).
     """
-    import os
-
     names = ("q", "k", "v")
     for name, t in zip(names, (q, k, v), strict=True):
         if not isinstance(t, torch.Tensor):
@@ -372,12 +367,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
     if d not in ATTENTION_HEAD_DIMS:
         raise ValueError(f"head_dim {d}: supported are {ATTENTION_HEAD_DIMS}")
-    if os.environ.get(EXPERIMENTAL_ATTENTION) != "1":
-        raise NotImplementedError(
-            "cutetma.attention compiles for sm_90a but has not been validated on a GPU yet; "
-            f"set {EXPERIMENTAL_ATTENTION}=1 to run it anyway (tests/test_attention_gpu.py)")
-    from cutetma.kernels.attention_sm90 import AttentionConfig, FlashAttentionSm90
+    from cutetma.kernels.attention_sm90 import AttentionConfig
 
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load)
+    out, lse = _run_attention(q, k, v, scale, cfg)
+    return (out, lse) if return_lse else out
+
+
+def _run_attention(q, k, v, scale: float, cfg):
+    """Launch one compiled configuration on validated inputs (benchmarks call this directly
+    to compare schedules); returns (out, lse)."""
+    from cutetma.kernels.attention_sm90 import FlashAttentionSm90
+
+    b, s_q, h, _ = q.shape
     # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's odd
     # stride, unchanged whenever torch already calls the tensor contiguous
     q, k, v = (x if x.stride(-1) == 1 and all(s * 2 % 16 == 0 for s in x.stride()[:-1])
@@ -388,9 +391,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys
         out.zero_()
         lse.fill_(float("-inf"))
-        return (out, lse) if return_lse else out
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    cfg = AttentionConfig(head_dim=d, causal=causal, load=load)
+        return out, lse
 
     from cutlass.cute.runtime import from_dlpack
 
@@ -405,4 +406,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     cutlass, _ = dsl.cutlass()
     args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale), _stream())
     _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+@torch.library.custom_op("cutetma::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: float | None, load: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load) -> (out, lse)``."""
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                     load=load)
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, softmax_scale, load):
+    b, s_q, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)

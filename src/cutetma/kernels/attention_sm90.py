@@ -1,8 +1,5 @@
 """Attention forward on Hopper (FlashAttention-3's structure), the load mechanism a parameter.
 
-**Status: compiles for sm_90a; not yet run on a GPU** (work in progress for issue 5). The
-torch entry point refuses to run it until its GPU tests pass.
-
 ``load="cp_async"`` swaps only the producer: a warpgroup copies Q, K and V 16 bytes per
 thread into the same swizzled stages (``cutetma.copy.cpasync``, the GEMM's tested path) and
 arrives on the same barriers; the consumers are the same code.
@@ -21,6 +18,14 @@ Dataflow for one (128-row Q block, head, batch) CTA::
        each)        O += P V_j             (WGMMA, P from registers, V from shared memory)
                     release the stage; at the end O /= rowsum, LSE = m + ln(rowsum)
 
+The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two overlaps::
+
+    serial     [S_j = QK_j] wait softmax_j [O += P_j V_j] wait            (per block j)
+    overlap    [S_j = QK_j][O += P_{j-1} V_{j-1}] wait S_j  softmax_j  wait PV  P_j = S_j
+               (the tensor cores run P V while this warpgroup's softmax runs)
+    pingpong   overlap, with the issue of each iteration's two GEMMs taken in turns by the two
+               warpgroups (named barriers 1 and 2), so one's softmax hides the other's GEMMs
+
 Warp roles and barriers::
 
     warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    kv full: expect_tx(K+V bytes)
@@ -34,8 +39,7 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
 a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): pingpong
-between the two warpgroups, intra-warpgroup overlap of the next Q K^T with this softmax,
-TMA-store epilogue, cluster multicast.
+is a persistent tile scheduler, a TMA-store epilogue, and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ WARPGROUP = 128
 LOG2_E = 1.4426950408889634
 # setmaxnreg budgets (producer, consumers): 128 x (p + 2 c) must fit the SM's 64K registers
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
+SCHEDULES = ("serial", "overlap", "pingpong")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +71,24 @@ class AttentionConfig:
     head_dim: int = 128
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
     block_n: int = 0  # keys per pipeline stage; 0: 128, or 64 for head_dim 256 (smem, registers)
-    stages: int = 2
+    stages: int = 0  # K/V stages; 0: as many as shared memory holds (3, or 2 for d = 256)
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
+    # the consumers' schedule, each step adding to the one before (an ablation ladder):
+    # "serial": S = QK^T, wait, softmax, O += PV, wait (nothing overlaps within a warpgroup);
+    # "overlap": issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, softmax S_j while
+    #   P V runs (FlashAttention-3's intra-warpgroup overlap);
+    # "pingpong": "overlap", and the two warpgroups take turns issuing their GEMMs (named
+    #   barriers), so one's softmax runs under the other's GEMMs.
+    schedule: str = "pingpong"
 
     def __post_init__(self):
         if not self.block_n:
             object.__setattr__(self, "block_n", 64 if self.head_dim == 256 else 128)
+        if not self.stages:
+            object.__setattr__(self, "stages", 2 if self.head_dim == 256 else 3)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
         if self.block_m != 128 or self.block_n not in (64, 128):
@@ -85,6 +101,14 @@ class AttentionConfig:
     @property
     def threads(self) -> int:
         return 3 * WARPGROUP
+
+    @property
+    def overlap(self) -> bool:
+        return self.schedule != "serial"
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"
 
 
 class FlashAttentionSm90:
@@ -309,6 +333,8 @@ class FlashAttentionSm90:
         o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
         acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
         acc_o.fill(0.0)
+        # set once, here: a field set inside a staged loop cannot be read after it
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
         row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
@@ -316,44 +342,100 @@ class FlashAttentionSm90:
         # this thread's rows and first column inside a tile (the WGMMA accumulator layout)
         row0 = m_block * cfg.block_m + wg * 64 + warp_in_wg * 16 + lane // 4
         col_in_tile = (lane % 4) * 2
-        k_steps = cute.size(tSrQ, mode=[2])
         p_steps = cfg.block_n // 16
+
+        acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale, rows r, r+8
+        # P, converted element by element, is the A operand of P V (see the docstring)
+        tOrP = cute.make_rmem_tensor(
+            cute.make_layout(((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
+        tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+        # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
+        # signals the other's (the ids 1, 2 are this kernel's only named barriers)
+        my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
+        their_turn = pipeline.NamedBarrier(barrier_id=2 - wg, num_threads=2 * WARPGROUP)
 
         cute.arch.mbarrier_wait(q_bar, 0)
         if cutlass.const_expr(cfg.load == "cp_async"):
             cute.arch.fence_view_async_shared()  # Q came through the generic proxy
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        for j in cutlass.range(n_blocks, unroll=1):
-            self.loader.consumer_wait(pipe, read)
-            acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(k_steps):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)],
-                          tSrK[(None, None, kb, read.index)], acc_s)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-
-            self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
-            self._online_softmax(acc_s, acc_o, row_max, row_sum, scale_log2)
-
-            # P, converted element by element, is the A operand of P V (see the docstring)
-            tOrP = cute.make_rmem_tensor(
-                cute.make_layout(((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)),
-                mO.element_type)
-            tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
-            tOrP_as_s.store(acc_s.load().to(mO.element_type))
-            warpgroup.fence()
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kb in cutlass.range_constexpr(p_steps):
-                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)],
-                          tOrV[(None, None, kb, read.index)], acc_o)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe, read)
-            read.advance()
+        if cutlass.const_expr(not cfg.overlap):
+            for j in cutlass.range(n_blocks, unroll=1):
+                self.loader.consumer_wait(pipe, read)
+                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                warpgroup.wait_group(0)
+                self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                self._rescale(acc_o, correction)
+                tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe, read)
+                read.advance()
+        else:
+            if n_blocks > 0:
+                # the stage of block j - 1 (its V feeds this iteration's P V) is released one
+                # iteration behind the one being read
+                release = read.clone()
+                if cutlass.const_expr(cfg.pingpong):
+                    if wg == 1:
+                        their_turn.arrive()  # warpgroup 0 goes first
+                # block 0: S_0 and its softmax; its P V is issued with S_1
+                self.loader.consumer_wait(pipe, read)
+                if cutlass.const_expr(cfg.pingpong):
+                    my_turn.arrive_and_wait()
+                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                if cutlass.const_expr(cfg.pingpong):
+                    if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
+                        their_turn.arrive()
+                warpgroup.wait_group(0)
+                self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
+                self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                read.advance()
+                for j in cutlass.range(1, n_blocks, unroll=1):
+                    self.loader.consumer_wait(pipe, read)
+                    if cutlass.const_expr(cfg.pingpong):
+                        my_turn.arrive_and_wait()
+                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j = Q K_j^T ...
+                    self._rescale(acc_o, correction)  # ... while O takes block j-1's rescale
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # O += P_{j-1} V_{j-1}
+                    if cutlass.const_expr(cfg.pingpong):
+                        if (wg == 0) | (j < n_blocks - 1):
+                            their_turn.arrive()
+                    warpgroup.wait_group(1)  # S_j is in; P V may still run
+                    self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                    self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                    warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and stage j-1 are free
+                    self.loader.consumer_release(pipe, release)
+                    release.advance()
+                    tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                    read.advance()
+                self._rescale(acc_o, correction)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe, release)
         self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
                        seqlen_q, scale_log2)
+
+    @cute.jit
+    def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
+        """S = Q K^T into acc_s, one commit group (not waited for)."""
+        warpgroup.fence()  # the softmax read acc_s: order it before WGMMA writes it
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)], tSrK[(None, None, kb, stage)],
+                      acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
+        """O += P V, one commit group (not waited for)."""
+        warpgroup.fence()  # P and the rescaled O come from ordinary register writes
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)],
+                      acc_o)
+        warpgroup.commit_group()
 
     @cute.jit
     def _mask(self, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k):
@@ -374,8 +456,10 @@ class FlashAttentionSm90:
                     acc_s[i] = -cutlass.Float32.inf
 
     @cute.jit
-    def _online_softmax(self, acc_s, acc_o, row_max, row_sum, scale_log2):
-        """Update the running max and sum of this thread's two rows; rescale O; S -> P."""
+    def _online_softmax(self, acc_s, correction, row_max, row_sum, scale_log2):
+        """Update the running max and sum of this thread's two rows, S -> P in place, and
+        leave in ``correction`` the factor O must be rescaled by (``_rescale``): the caller
+        decides when, so the rescale can wait for an in-flight P V to finish."""
         for r in cutlass.range_constexpr(2):
             new_max = row_max[r]
             for i in cutlass.range_constexpr(cute.size(acc_s)):
@@ -386,9 +470,10 @@ class FlashAttentionSm90:
             safe_max = new_max
             if new_max == -cutlass.Float32.inf:
                 safe_max = 0.0
-            correction = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
+            corr = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
             if row_max[r] == -cutlass.Float32.inf:
-                correction = 0.0
+                corr = 0.0
+            correction[r] = corr
             row_max[r] = new_max
             block_sum = 0.0
             for i in cutlass.range_constexpr(cute.size(acc_s)):
@@ -397,10 +482,12 @@ class FlashAttentionSm90:
                                        fastmath=True)
                     acc_s[i] = p
                     block_sum += p
-            row_sum[r] = row_sum[r] * correction + block_sum  # per thread; reduced at the end
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                if cutlass.const_expr((i // 2) % 2 == r):
-                    acc_o[i] = acc_o[i] * correction
+            row_sum[r] = row_sum[r] * corr + block_sum  # per thread; reduced at the end
+
+    @cute.jit
+    def _rescale(self, acc_o, correction):
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
 
     @cute.jit
     def _epilogue(self, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
