@@ -38,8 +38,8 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
-a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): pingpong
-is a persistent tile scheduler, a TMA-store epilogue, and cluster multicast of K/V.
+a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): a
+persistent tile scheduler, a TMA-store epilogue, and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ LOG2_E = 1.4426950408889634
 # setmaxnreg budgets (producer, consumers): 128 x (p + 2 c) must fit the SM's 64K registers
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 SCHEDULES = ("serial", "overlap", "pingpong")
+# The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
+# (H200, fp16, 16k tokens; benchmarks/results/attention.json, tma / tma_overlap / tma_serial):
+# pingpong wins for d = 64 and for d = 128 non-causal; for d = 128 causal the turn-taking
+# costs more than it hides (overlap 561 vs pingpong 498 TFLOP/s at 8k); at d = 256 the two
+# 64 KiB stages are both held by an overlapped iteration, so the producer cannot run ahead
+# and serial wins by 1.4-1.6x.
+BEST_SCHEDULE = {(64, False): "pingpong", (64, True): "pingpong", (128, False): "pingpong",
+                 (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +88,16 @@ class AttentionConfig:
     #   P V runs (FlashAttention-3's intra-warpgroup overlap);
     # "pingpong": "overlap", and the two warpgroups take turns issuing their GEMMs (named
     #   barriers), so one's softmax runs under the other's GEMMs.
-    schedule: str = "pingpong"
+    schedule: str = ""  # "": the one measured fastest for this head dim and mask (BEST_SCHEDULE)
 
     def __post_init__(self):
         if not self.block_n:
             object.__setattr__(self, "block_n", 64 if self.head_dim == 256 else 128)
         if not self.stages:
             object.__setattr__(self, "stages", 2 if self.head_dim == 256 else 3)
+        if not self.schedule:
+            object.__setattr__(self, "schedule", BEST_SCHEDULE.get((self.head_dim, self.causal),
+                                                                   "pingpong"))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
         if self.head_dim not in (64, 128, 256):
@@ -204,6 +215,10 @@ class FlashAttentionSm90:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(cfg.causal):
+            # the last query blocks see the most keys: launch them first, so the short
+            # blocks fill the tail of the grid instead of the long ones
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         if warp == 0:
             tma.prefetch(tma_q)
             tma.prefetch(tma_k)
