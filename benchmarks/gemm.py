@@ -42,19 +42,17 @@ SM_COUNT = 132
 
 
 def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
-    """Split-K for a shape whose output tiles fill under half the SMs and whose K is long
-    enough to cut: enough slices to reach about one wave, each at least 8 k-tiles."""
-    tiles = -(-m // tile[0]) * -(-n // tile[1])
-    k_tiles = -(-k // 64)
-    if tiles * 2 > SM_COUNT or k_tiles < 16:
-        return 1
-    return max(1, min(SM_COUNT // tiles, k_tiles // 8, 8))
+    """The library's rule, on every shape it could apply to (not only where it won)."""
+    from cutetma.ops import split_k_for as rule
+
+    return rule(m, n, k, tile, SM_COUNT, everywhere=True)
 
 
 def candidates(name: str, m: int, n: int = 0, k: int = 0):
     """The mechanism's configurations for this shape (one tile row: 64-row tiles, and a
-    multicast along M would share nothing; few output tiles: also split-K, not yet
-    validated on a GPU, so the correctness check before timing guards it)."""
+    multicast along M would share nothing; few output tiles: also split-K, as the
+    library's rule would apply it everywhere; the correctness check before timing guards
+    every candidate)."""
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
     if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:

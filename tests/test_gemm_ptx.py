@@ -121,3 +121,33 @@ def test_split_k_leaves_the_unsplit_kernel_alone():
     """split_k=1 must compile to the kernel validated on the H200 (no workspace mode)."""
     ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16").ptx
     assert "cp.async.bulk.tensor.3d" not in ptx
+
+
+@pytest.mark.parametrize("mnk,split", [
+    ((256, 512, 5120), 8),     # 8 tiles of 128x128: won on the H200 (0.74 vs 0.43 of cuBLAS)
+    ((16, 4096, 14336), 4),    # 32 tiles but K = 14336: won
+    ((64, 6144, 4096), 1),     # 48 tiles, K = 4096: split-K lost there
+    ((2048, 512, 5120), 1),    # 64 tiles, K = 5120: lost
+    ((8192, 8192, 8192), 1),   # a full wave and more: never
+    ((16, 512, 512), 1),       # 8 k-tiles: too short to cut
+])
+def test_automatic_split_k_follows_the_measurements(mnk, split):
+    from cutetma import ops
+
+    m, n, k = mnk
+    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    assert cfg.split_k == split
+    if split > 1:
+        assert (cfg.tile_m, cfg.tile_n) == ((64, 128) if m <= 64 else (128, 128))
+
+
+def test_automatic_split_k_stays_out_of_explicit_choices():
+    from cutetma import ops
+
+    m, n, k = 256, 512, 5120
+    for kwargs in (dict(tile=(128, 256)), dict(cluster=(2, 1)), dict(schedule="pingpong"),
+                   dict(split_k=1)):
+        args = dict(load="tma", cluster=None, tile=None, split_k=None) | kwargs
+        cfg = ops._gemm_config(m, n, args.pop("load"), args.pop("cluster"), args.pop("tile"),
+                               132, k=k, **args)
+        assert cfg.split_k == 1, kwargs

@@ -171,8 +171,27 @@ def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tens
     return padded
 
 
+def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
+                everywhere: bool = False) -> int:
+    """K slices for a shape whose output tiles fill under half the SMs (1: no split):
+    enough slices for about one wave, each at least 8 k-tiles of 64, at most 8.
+
+    On the H200 (benchmarks/results/gemm.json, 2026-11-30, best of split and unsplit per
+    cell) that wins in 35 of the 58 paper cells where those conditions hold, and every win
+    has at most 24 output tiles or K >= 12288 (192 k-tiles); below both it lost (e.g.
+    M = 64, N = 6144, K = 4096), so only those shapes split unless ``everywhere``
+    (the benchmark's candidate list, which keeps measuring the rest)."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    k_tiles = -(-k // 64)
+    if tiles * 2 > sm_count or k_tiles < 16:
+        return 1
+    if not everywhere and tiles > 24 and k_tiles < 192:
+        return 1
+    return max(1, min(sm_count // tiles, k_tiles // 8, 8))
+
+
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
-                 schedule: str = "cooperative", split_k: int = 1):
+                 schedule: str = "cooperative", split_k: int | None = 1, k: int = 0):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -182,6 +201,13 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         cluster = (2, 1) if load == "tma_multicast" else (1, 1)
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
+    if split_k is None:  # automatic: only where the H200 grid showed it wins
+        split_k = 1
+        if tile is None and schedule == "cooperative" and tuple(cluster) == (1, 1):
+            split_tile = (64, 128) if m <= 64 else (128, 128)
+            split_k = split_k_for(m, n, k, split_tile, sm_count)
+            if split_k > 1:
+                tile = split_tile
     if tile is None and schedule == "pingpong":
         tile = (64, 256) if m > 64 else (64, 128)
     if tile is None:
@@ -222,7 +248,7 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         schedule: str = "cooperative", split_k: int = 1, allow_copy: bool = True,
+         schedule: str = "cooperative", split_k: int | None = None, allow_copy: bool = True,
          config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
@@ -235,7 +261,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
     WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work tile, summed in
-    fp32 (for shapes with few output tiles; not yet validated on a GPU, so off by default).
+    fp32; ``None`` (the default) splits only shapes with few output tiles where the H200
+    measurements showed a win (``split_k_for``; never with an explicit ``tile``, a cluster
+    or pingpong); 1 never splits.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
@@ -271,7 +299,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
     cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule, split_k)
+                                 schedule, split_k, k)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
