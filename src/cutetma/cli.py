@@ -269,7 +269,7 @@ def _tour_algebra(args):
 
 
 def _tour_compile(args):
-    """The data-movement kernels compiled for sm_90a, and the instructions they issue"""
+    """Data movement, GEMM and attention kernels compiled for sm_90a: instructions issued"""
     from cutetma import kernels
 
     for name, ptx_ops in kernels.compile_showcase():
@@ -295,6 +295,15 @@ def _tour_hardware(args):
     for load in ("tma", "tma_multicast", "cp_async"):
         err = (ops.gemm(a, b, load=load).float() - ref).abs().max().item()
         print(f"gemm 1000x3000x4096 bf16, load={load}: max |C - fp32 ref| = {err:.3g}")
+    from cutetma.kernels.attention_sm90 import attention_ref
+
+    q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    ref, _ = attention_ref(q, k, v, causal=True)
+    for load in ("tma", "cp_async"):
+        err = (ops.attention(q, k, v, causal=True, load=load).float() - ref).abs().max().item()
+        print(f"attention 2x1000x8x128 bf16 causal GQA, load={load}: max |O - fp32 ref| = "
+              f"{err:.3g}")
 
 
 # Each step takes the parsed args and prints its part; its docstring is its heading.

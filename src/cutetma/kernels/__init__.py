@@ -94,6 +94,11 @@ def compile_showcase():
                       ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
                       ("gemm cp.async 128x256", GemmConfig(load="cp_async"))):
         shown.append((name, ptx_ops(compile_gemm(cfg).ptx)))
+    from cutetma.kernels.attention_sm90 import AttentionConfig
+
+    for load in ("tma", "cp_async"):
+        shown.append((f"attention d=128 {load.replace('_', '.')}",
+                      ptx_ops(compile_attention(AttentionConfig(load=load)).ptx)))
     return shown
 
 
