@@ -1,95 +1,230 @@
-"""08 - Attention from the same pieces: how FlashAttention-3 composes TMA, mbarrier pipelines,
-WGMMA and warp specialization. (The kernel, ``cutetma.kernels.attention_sm90``, compiles for
-sm_90a but has not been validated on a GPU yet (issue 5). This tutorial explains the design,
-checks the online-softmax arithmetic on the CPU and shows the instructions the kernel
-compiles to; it launches nothing.)
+"""08 - Attention from the same pieces: TMA, an mbarrier ring, WGMMA and warp specialization,
+put together after FlashAttention-3 (FA3). The text also says where this kernel differs from FA3.
 
-Run: ``python tutorials/08_attention.py`` (any machine; no GPU kernel is launched).
+Run: ``python tutorials/08_attention.py``. It runs on any machine: it checks the arithmetic
+in numpy, compiles the kernel for sm_90a and counts its instructions, and prints what the
+H200 measured (``benchmarks/results/attention.json``). It launches nothing, even on a GPU.
+The kernel is ``cutetma.kernels.attention_sm90.FlashAttentionSm90``. Its GPU tests are in
+``tests/test_attention_gpu.py``: s_q = s_k in {1, 2, 113, 128, 203, 1023, 1024, 4224}
+plus pairs with s_q != s_k (113/203 and 1/1024, both ways), d 64/128/256, causal or not,
+MHA/GQA/MQA, both producers, all three schedules. All of them pass on the H200. The timings
+come from ``benchmarks/attention.py`` (``attention.json``, ``attention.png``). From torch::
 
-**The computation.** For one head, ``O = softmax(Q K^T / sqrt(d)) V`` with Q (Lq, d), K and
-V (Lk, d). FlashAttention never forms the (Lq, Lk) score matrix: a CTA owns a block of
-Br query rows and walks over K and V in blocks of Bc keys, keeping for each query row a
+    out = cutetma.attention(q, k, v, causal=True)        # q (b, s_q, h, d); k, v (b, s_k, h_kv, d)
+    out, lse = cutetma.attention(q, k, v, return_lse=True, load="cp_async")   # or load="tma"
+    out, lse = torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load)  # custom op
+
+The inputs are fp16 or bf16 with d in {64, 128, 256} and h a multiple of h_kv. ``lse`` has
+shape (b, h, s_q) in fp32. Only the forward pass is implemented.
+
+**The computation.** For one head, ``O = softmax(Q K^T * scale) V``, with Q (s_q, d) and K, V
+(s_k, d). FlashAttention never forms the (s_q, s_k) score matrix. A CTA owns a block of 128
+query rows and walks over K and V in blocks of block_n keys. For each query row it keeps a
 running maximum ``m``, a running sum ``l`` and an unnormalised output ``O``:
 
-    S   = Q_blk K_j^T / sqrt(d)                (WGMMA, fp32 accumulators)
-    m'  = max(m, rowmax(S));   P = exp(S - m')
-    l   = l * exp(m - m') + rowsum(P)
-    O   = O * exp(m - m') + P V_j               (WGMMA, P from registers)
-    ... after the last block: O / l, then the epilogue
+    S   = Q_blk K_j^T * scale                   (WGMMA, fp32 accumulators)
+    m'  = max(m, rowmax(S));   P = exp(S - m');   c = exp(m - m')
+    l   = l * c + rowsum(P)
+    O   = O * c + P V_j                         (WGMMA, P from registers)
+    ... after the last block: O / l, and the log-sum-exp m + ln(l)
 
-This is exact, not an approximation: rescaling by ``exp(m - m')`` keeps every partial sum
-relative to the current maximum (the check at the end of this script measures it).
+The result is exact, not an approximation: rescaling by ``c`` keeps every partial sum relative
+to the current maximum (section 3 measures this). The kernel computes each exp as ``exp2``
+with ``scale * log2 e`` folded in. Each thread keeps its share of ``l`` unreduced until the
+epilogue, which reduces it.
 
-**The pieces, mapped.**
+**One CTA per (128-row query block, head, batch)**: the grid is (ceil(s_q / 128), h, b) and
+each CTA has 384 threads. The grid is not persistent: each CTA does one tile and exits.
 
-* *Q once, by TMA* (tutorial 02): the Q block is loaded once per CTA with its own mbarrier
-  and stays in shared memory, 128B-swizzled for WGMMA (01).
-* *K and V through the pipeline* (05): a producer warp walks j = 0, 1, 2... and fills a
-  ring of stages, each stage one K block or one V block, armed with ``expect_tx`` of its
-  bytes; consumers release a stage on its *empty* barrier when their WGMMA has read it.
-  K and V have separate rings so S = QK^T can start before V_j has arrived.
-* *Multicast* (06): CTAs of a cluster that work on different query blocks of the same head
-  read the same K and V blocks; with a cluster of 2 along the query dimension each K/V
-  block is read from L2 once and written into both CTAs (FA3 does this for head dim >= 128).
-* *Two consumer warpgroups, pingpong*: each owns half of the query rows (WGMMA's M is 64)
-  and both read the same K/V stages. Softmax (exp, max, sum on the CUDA cores) is slow next
-  to WGMMA, so the two warpgroups take turns through a pair of named barriers: while
-  warpgroup 1 runs the softmax of its rows for block j, warpgroup 2 runs its WGMMAs, and
-  then they swap, keeping the Tensor Cores busy:
+    warpgroup 0 (producer)   warp 0 loads Q once by TMA (on its own mbarrier), then K_j and V_j
+                             for every key block j into the next free stage; setmaxnreg.dec
+    warpgroups 1 and 2       64 query rows each (WGMMA's M is 64), so block_m = 128. Each does
+      (consumers)            S = Q_w K_j^T with Q and K from shared memory, the mask only where
+                             needed, the online softmax in fp32, then O += P V_j; setmaxnreg.inc
 
-      WG1:  [QK^T j] [softmax j ] [PV j]  [QK^T j+1] [softmax j+1] ...
-      WG2:           [QK^T j ]  [softmax j] [PV j]    [QK^T j+1] ...
+The pieces, mapped (tutorial numbers in parentheses):
 
-  Inside one warpgroup FA3 also overlaps the softmax of block j with the QK^T of block j+1.
-* *setmaxnreg* (07): the producer warpgroup gives registers back, the consumers, who hold
-  S, P and O in registers, take them.
-* *The epilogue* (04): O / l is written to shared memory and stored by TMA, with
-  ``commit_group`` / ``wait_group.read`` before the buffer is reused.
+* *Q once, by TMA* (02): Q is loaded once per CTA with its own mbarrier and stays in shared
+  memory, 128B-swizzled for WGMMA (01). A row of d x 2 bytes is wider than the 128-byte
+  swizzle span, so each tile is copied as d / 64 boxes (03).
+* *K and V share one stage* (05): there are ``stages`` (full, empty) mbarrier pairs. Stage s
+  holds K_j and V_j together and is armed by one ``expect_tx`` of their combined bytes. The
+  8 consumer warps arrive on *empty* once both WGMMAs have read the stage. At d = 64 and
+  d = 128 there are 3 stages of 128 keys each. At d = 256 a 128-key stage would take 128 KiB,
+  so the kernel uses 64-key stages, 2 of them: Q's 64 KiB plus 2 x 64 KiB. FA3 is different
+  here: it gives K and V separate pipelines, so S = Q K_j^T can start before V_j has landed.
+  In this kernel S waits for both.
+* *P stays in registers*: for 16-bit types, the WGMMA accumulator layout of S matches, element
+  by element, the A-operand register layout of P V. So converting S gives the A fragment of
+  P V directly, and no data moves between threads (the kernel's docstring shows why).
+* *The mask runs only where it is needed*: causal masks are bottom-right aligned, as in
+  FlashAttention: query i sees key j iff j <= i + s_k - s_q. Key blocks beyond the diagonal
+  of the block's last row are never loaded, because the number of key blocks to load is
+  computed first. The per-element mask runs only on a block that crosses s_k (the tail) or
+  the diagonal of the warpgroup's first row; every other block skips it. The causal grid
+  launches the longest query blocks first. Section 4 replays this bookkeeping in numpy.
+* *GQA / MQA without copies*: K and V are viewed as (s_k, d, (group, h_kv), b) with stride 0
+  over the group, so query head hq's CTA reads key/value head hq // group. Each CTA still
+  loads its K/V blocks itself; CTAs that share a head only share them through L2.
+* *setmaxnreg* (07): ``REGISTERS`` gives the budgets. With TMA the producer keeps 40
+  registers and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512 of the SM's 65,536.
+  The cp.async producer keeps 56 and the consumers get 224 each.
+* *The epilogue*: O / l is converted to fp16/bf16 and stored straight from registers with
+  ordinary per-thread global stores. The LSE is written by one thread per row. There is no
+  TMA store: FA3 stages O in shared memory and stores it by TMA (04).
 
-The cp.async counterpart: the same pipeline with a cp.async producer (as the GEMM's
-``load="cp_async"``), the path paged KV caches take when a page is smaller than a K/V
-block and cannot be described by one TMA box.
+**The consumers' schedule** (``AttentionConfig.schedule``) makes FA3's two overlaps optional.
+Each schedule adds one step to the one before it, so the three form an ablation ladder:
 
-Nothing in this script claims a kernel speed: there is no kernel to time yet.
+    serial    [S_j = Q K_j^T] wait | mask, softmax_j, O *= c_j | [O += P_j V_j] wait | release j
+    overlap   [S_j = Q K_j^T]  O *= c_{j-1}  [O += P_{j-1} V_{j-1}] | wait for S_j | mask,
+              softmax_j while P V runs | wait for P V | release j-1 | P_j to fp16
+    pingpong  overlap, plus the two warpgroups take turns issuing each iteration's pair of
+              GEMMs (named barriers 1 and 2): one's softmax runs under the other's GEMMs
+
+"overlap" is FA3's intra-warpgroup overlap. Three things move compared with "serial":
+
+* The loop is peeled. S_0 is issued alone, and the last P V comes after the loop, which is
+  why the PTX holds twice the WGMMAs.
+* O's rescale waits. softmax_{j-1} computes c_{j-1} while P_{j-2} V_{j-2} is still
+  accumulating into O, so O is multiplied by c_{j-1} at the next step, just before
+  O += P_{j-1} V_{j-1} is issued.
+* An iteration holds two stages: stage j for S_j, and stage j-1, whose V_{j-1} the running
+  P V reads.
+
+"pingpong" is FA3's inter-warpgroup schedule. The default for each (d, causal) is
+``BEST_SCHEDULE``, chosen from a measured ablation:
+
+* **pingpong** for d = 64 (1.02-1.11x over overlap, geometric mean over the six sequence
+  lengths, in each of two runs).
+* **overlap** for d = 128 causal. Taking turns costs more than it hides there: pingpong runs
+  at 0.93-0.94x of overlap (8k in this file: 478 vs 538 TFLOP/s).
+* **serial** for d = 256. Both 64 KiB stages are held by an overlapped iteration, so the
+  producer cannot load ahead. Serial is 1.15-1.51x faster than the better of the other two
+  in every fp16 d = 256 cell.
+* d = 128 non-causal is a tie: pingpong / overlap 1.02 in the first run, 1.00 in this one
+  (which has overlap ahead from s = 4k, 8k: 605 vs 574). The default stays pingpong. Single
+  cells are noisy: two timings of the same kernel in this file differ by up to 9% (below).
+
+**What FA3 has that this kernel does not:**
+
+* separate K and V pipelines;
+* a persistent tile scheduler, whose next tile's loads run under the current epilogue;
+* a TMA-store epilogue;
+* cluster multicast of K/V: FA3 can pair CTAs of neighbouring query blocks in a cluster and
+  multicast each K/V block to both (06);
+* FP8;
+* paged and variable-length KV;
+* the backward pass.
+
+**The cp.async counterpart.** ``load="cp_async"`` swaps only the producer. All 128 threads of
+warpgroup 0 copy Q, K_j and V_j with 16-byte ``cp.async`` into the same swizzled stages. They
+arrive on the same *full* barriers with ``cp.async.mbarrier.arrive.noinc`` when their copies
+land, so the barrier counts 128 arrivals instead of 1 plus tx bytes. The consumers are the
+same code, plus a ``fence.proxy.async``: cp.async writes through the generic proxy, while
+WGMMA reads through the async one. TMA zero-fills key rows past s_k. The cp.async producer
+writes zeros into V's rows there, and K's rows there are masked to -inf anyway.
+
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-11-30,
+``python benchmarks/gpu_session.py --only tests attention_bench gemm_bench --pytest
+tests/test_attention_gpu.py``). Section 6 of this script prints this from the JSON:
+
+    == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-11-30)
+    TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)
+    dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
+    float16   64  16384  non-causal    471    300    442       434       0.94
+    float16  128    512  non-causal    509    298    307       299       0.60
+    float16  128   8192  non-causal    648    291    626       558       0.97
+    float16  128   8192  causal        588    277    561       525       0.95
+    float16  256  16384  causal        634    279    661       545       1.04
+    bfloat16 128  16384  non-causal    681    347    677       583       0.99
+    over all 72 cells: tma/cudnn geomean 0.795 (0.533 to 1.043); d = 128, s >= 2k: at least 0.785
+    TMA vs cp.async: TMA faster in 71 of 72 cells, median 1.058x
+    schedule ablation, fp16 TMA (serial / overlap / pingpong, default marked *):
+      d= 64 s= 8192 non-causal  400 /  399 /  441*
+      d=128 s= 8192 non-causal  532 /  605 /  574*
+      d=128 s= 8192 causal      486 /  538* /  478
+      d=256 s= 8192 non-causal  599* /  362 /  405
+      d=256 s=16384 causal      633* /  369 /  419
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.056 / 1.063 / 1.029
+    the tma column re-times the default kernel: 0.960x to 1.090x its ablation timing (median 1.001)
+
+The TMA kernel reaches 0.95-0.98 of cuDNN at d = 128 and s = 8k (fp16 and bf16, causal or
+not), and passes it in the two longest causal cells (s = 16k at d = 128 and d = 256, fp16).
+It falls furthest behind at short sequences: 0.53-0.64 at s = 512. There a CTA walks at most
+4 key blocks, so its Q load and its epilogue, which nothing overlaps without a persistent
+scheduler, likely weigh the most.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from cutetma import swizzle as hw
 from cutetma.kernels import gpu_unavailable
 
-SMEM_BYTES = 227 * 1024
-ISSUE = "issue 5"
+SMEM_BYTES = 227 * 1024  # the most dynamic shared memory one CTA may have on sm_90
+REGISTERS_PER_SM = 64 * 1024
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention.json"
+# (dtype, d, s, causal) cells of attention.json quoted in section 6 and the docstring
+CELLS = [("float16", 64, 16384, False), ("float16", 128, 512, False),
+         ("float16", 128, 8192, False), ("float16", 128, 8192, True),
+         ("float16", 256, 16384, True), ("bfloat16", 128, 16384, False)]
+ABLATION_CELLS = [(64, 8192, False), (128, 8192, False), (128, 8192, True), (256, 8192, False),
+                  (256, 16384, True)]
 
 
 def heading(title: str) -> None:
     print(f"\n== {title}")
 
 
-def shared_memory_plan(d: int = 128, br: int = 128, bc: int = 128, stages: int = 2) -> dict:
-    """Bytes of one FA3-like forward configuration (fp16): what a stage would carry."""
-    heading(f"1. Shared-memory arithmetic of one planned configuration (fp16, head dim {d})")
+def shared_memory_plan() -> dict:
+    """Bytes of each head dim's configuration (fp16), from ``AttentionConfig``'s defaults."""
+    from cutetma.kernels.attention_sm90 import AttentionConfig
+
+    heading("1. Shared memory: Q once, K_j and V_j together in each stage (fp16)")
     w = 2
-    q = br * d * w
-    kv = bc * d * w
-    total = q + 2 * stages * kv
+    plans = {}
+    print(f"{'d':>4} {'block_n':>7} {'Q (B)':>7} {'K+V stage (B)':>14} {'stages':>6} "
+          f"{'in all (B)':>10} {'of 227 KiB':>10}")
+    for d in (64, 128, 256):
+        cfg = AttentionConfig(head_dim=d)
+        q = cfg.block_m * d * w
+        kv = 2 * cfg.block_n * d * w  # K_j and V_j: one stage, one expect_tx
+        total = q + cfg.stages * kv
+        plans[d] = {"q": q, "kv": kv, "stages": cfg.stages, "total": total,
+                    "block_n": cfg.block_n}
+        print(f"{d:>4} {cfg.block_n:>7} {q:>7} {kv:>14} {cfg.stages:>6} {total:>10} "
+              f"{100 * total / SMEM_BYTES:>9.0f}%")
+    wide = 2 * 128 * 256 * w
+    print(f"d = 256 with 128-key stages: one stage is {wide} B, Q + 2 stages "
+          f"{128 * 256 * w + 2 * wide} B > {SMEM_BYTES}: hence 64-key stages")
     group = hw.group_size(w, "128B")
-    print(f"Q block  {br} x {d}: {q:>6} B, loaded once (expect_tx {q})")
-    print(f"K block  {bc} x {d}: {kv:>6} B per stage (expect_tx {kv}); V block the same")
-    print(f"{stages} stages of K and V: {2 * stages * kv} B; with Q: {total} B of "
-          f"{SMEM_BYTES} ({100 * total / SMEM_BYTES:.0f}%); O can reuse Q's buffer")
-    print(f"rows of {d * w} B are wider than the 128-B swizzle span: each tile is a 3D box of "
-          f"{d // group} groups of {group} (tutorial 03)")
-    return {"q": q, "kv": kv, "total": total}
+    print(f"a row of d = 128 is {128 * w} B, wider than the 128-B swizzle span: each tile is "
+          f"copied as {128 // group} boxes of {group} columns (tutorial 03)")
+    return plans
+
+
+def register_budget() -> None:
+    from cutetma.kernels.attention_sm90 import REGISTERS, WARPGROUP
+
+    heading("2. setmaxnreg: the producer gives registers back, the consumers take them")
+    for load, (producer, consumer) in REGISTERS.items():
+        used = WARPGROUP * (producer + 2 * consumer)
+        print(f"load={load:<8}: producer {producer}, consumers {consumer} each: "
+              f"128 x ({producer} + 2 x {consumer}) = {used} of {REGISTERS_PER_SM}")
+    print("per consumer thread at d = 128: S 64 x 128 fp32 over 128 threads = 64 registers, "
+          "O 64 x 128 fp32 = 64 more (d = 256: S 32, O 128)")
 
 
 def online_softmax_check(lq: int = 128, lk: int = 1024, d: int = 64, bc: int = 128) -> float:
     """FlashAttention's block-by-block softmax against the full softmax, in float64."""
-    heading(f"2. Online softmax, block by block (CPU, numpy): Lq={lq}, Lk={lk}, d={d}, "
+    heading(f"3. Online softmax, block by block (CPU, numpy): Lq={lq}, Lk={lk}, d={d}, "
             f"Bc={bc}")
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((n, d)) for n in (lq, lk, lk))
@@ -118,37 +253,219 @@ def online_softmax_check(lq: int = 128, lk: int = 1024, d: int = 64, bc: int = 1
     return err
 
 
-def compiled_kernel() -> None:
-    """The kernel as it compiles today: what each role issues (sm_90a PTX, no GPU)."""
+def key_blocks(m_block: int, s_q: int, s_k: int, bm: int, bn: int, causal: bool) -> int:
+    """The kernel's ``_key_blocks``: every key block, or (causal) up to the diagonal of the
+    query block's last row."""
+    n = -(-s_k // bn)
+    if causal:
+        last_key = (m_block + 1) * bm - 1 + s_k - s_q
+        n = min(n, -(-max(last_key + 1, 0) // bn))
+    return n
+
+
+def needs_mask(j: int, first_row: int, s_q: int, s_k: int, bn: int, causal: bool) -> bool:
+    """The kernel's ``_mask`` test, per warpgroup: block j crosses s_k, or (causal) its last
+    key lies past the diagonal of the warpgroup's first row."""
+    needs = (j + 1) * bn > s_k
+    if causal:
+        needs = needs or (j + 1) * bn - 1 > first_row + s_k - s_q
+    return needs
+
+
+def kernel_order_check(s_q: int = 700, s_k: int = 1000, d: int = 64) -> float:
+    """The kernel's bookkeeping in numpy: causal (bottom-right), the key-block count, the mask
+    only where needed, and the "overlap" order (O += P_{j-1} V_{j-1} issued with S_j, O's
+    rescale by c_{j-1} deferred to just before it), against the full causal softmax."""
+    from cutetma.kernels.attention_sm90 import AttentionConfig
+
+    cfg = AttentionConfig(head_dim=d, causal=True)
+    bm, bn = cfg.block_m, cfg.block_n
+    heading(f"4. The kernel's order in numpy: causal, s_q={s_q}, s_k={s_k}, d={d}, "
+            f"block_m={bm}, block_n={bn} (schedule 'overlap')")
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((n, d)) for n in (s_q, s_k, s_k))
+    scale = 1.0 / np.sqrt(d)
+    n_q, n_k = -(-s_q // bm), -(-s_k // bn)
+    # TMA zero-fills rows past the tensor's end: pad, as the boxes do
+    qp = np.zeros((n_q * bm, d))
+    qp[:s_q] = q
+    kp, vp = np.zeros((n_k * bn, d)), np.zeros((n_k * bn, d))
+    kp[:s_k], vp[:s_k] = k, v
+
+    out = np.zeros((n_q * bm, d))
+    counts, masked, wg_blocks = [], 0, 0
+    for m_block in range(n_q):
+        n = key_blocks(m_block, s_q, s_k, bm, bn, causal=True)
+        counts.append(n)
+        for wg in range(2):  # the two consumer warpgroups, 64 rows each
+            r0 = m_block * bm + wg * 64
+            rows = np.arange(r0, r0 + 64)[:, None]
+            m = np.full((64, 1), -np.inf)
+            l_sum = np.zeros((64, 1))
+            o = np.zeros((64, d))
+            p_prev = c_prev = None
+            for j in range(n):
+                s = qp[r0:r0 + 64] @ kp[j * bn:(j + 1) * bn].T * scale  # S_j issued ...
+                if j > 0:  # ... with O += P_{j-1} V_{j-1}, after O's deferred rescale
+                    o = o * c_prev + p_prev @ vp[(j - 1) * bn:j * bn]
+                wg_blocks += 1
+                if needs_mask(j, r0, s_q, s_k, bn, causal=True):
+                    masked += 1
+                    cols = np.arange(j * bn, (j + 1) * bn)[None, :]
+                    s = np.where((cols >= s_k) | (cols > rows + s_k - s_q), -np.inf, s)
+                m_new = np.maximum(m, s.max(axis=1, keepdims=True))
+                safe = np.where(m_new == -np.inf, 0.0, m_new)  # a fully masked row: no NaN
+                c_prev = np.exp(m - safe)
+                p_prev = np.exp(s - safe)
+                l_sum = l_sum * c_prev + p_prev.sum(axis=1, keepdims=True)
+                m = m_new
+            if n:
+                o = o * c_prev + p_prev @ vp[(n - 1) * bn:n * bn]  # the last P V, after the loop
+            out[r0:r0 + 64] = np.divide(o, l_sum, out=np.zeros_like(o), where=l_sum > 0)
+
+    scores = q @ k.T * scale
+    i, jj = np.arange(s_q)[:, None], np.arange(s_k)[None, :]
+    scores = np.where(jj > i + s_k - s_q, -np.inf, scores)
+    p = np.exp(scores - scores.max(axis=1, keepdims=True))
+    full = (p / p.sum(axis=1, keepdims=True)) @ v
+    err = float(np.abs(out[:s_q] - full).max())
+    print(f"query i sees keys j <= i + {s_k - s_q} (bottom-right); key blocks per query block: "
+          f"{counts} of {n_k}")
+    print(f"{sum(counts)} of {n_q * n_k} (query block, key block) pairs are loaded; the others "
+          f"lie past the diagonal")
+    print(f"the per-element mask runs in {masked} of {wg_blocks} warpgroup-blocks (the tail "
+          f"block and the diagonal), the others skip it")
+    print(f"max |kernel order - full causal softmax| = {err:.2e}")
+    return err
+
+
+def count(pattern: str, ptx: str) -> int:
+    return len(re.findall(pattern, ptx))
+
+
+def compiled_kernel() -> dict:
+    """The kernel compiled for sm_90a (no GPU): the three schedules, the two producers."""
     from cutetma import kernels
     from cutetma.kernels.attention_sm90 import AttentionConfig
 
-    for load in ("tma", "cp_async"):
-        ptx = kernels.compile_attention(AttentionConfig(head_dim=128, load=load)).ptx
-        loads = ptx.count("cp.async.bulk.tensor") if load == "tma" else ptx.count("cp.async.cg")
-        print(f"load={load:<8}: {loads} {'TMA' if load == 'tma' else 'cp.async.cg'} copies, "
-              f"{ptx.count('wgmma.mma_async.sync')} wgmma (8 for Q K^T, 8 for P V per key "
-              f"block), {ptx.count('ex2.approx')} exp2, "
-              f"{ptx.count('shfl.sync.bfly')} quad shuffles (row max and sum)")
+    heading("5. The kernel compiled for sm_90a, d = 128 non-causal (static counts in the PTX)")
+    ptx = {s: kernels.compile_attention(AttentionConfig(head_dim=128, schedule=s)).ptx
+           for s in ("serial", "overlap", "pingpong")}
+    ptx["cp_async"] = kernels.compile_attention(AttentionConfig(head_dim=128,
+                                                                load="cp_async")).ptx
+    cfg = AttentionConfig(head_dim=128)
+    qk, pv = cfg.head_dim // 16, cfg.block_n // 16
+    print(f"one S = Q K^T is {qk} wgmma (k = d / 16), one O += P V {pv} (k = block_n / 16); "
+          f"default schedule here: {cfg.schedule}")
+    print(f"{'schedule':<9} {'wgmma':>5} {'wait_group 1':>12} {'named bar.sync':>14} "
+          f"{'named bar.arrive':>16}")
+    wgmma = {}
+    for s in ("serial", "overlap", "pingpong"):
+        wgmma[s] = count(r"wgmma\.mma_async", ptx[s])
+        in_flight = count(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx[s])
+        named_sync = count(r"bar\.sync\s+%r", ptx[s])  # bar.sync 0 is the CTA-wide one
+        named_arrive = count(r"bar\.arrive\s+%r", ptx[s])
+        print(f"{s:<9} {wgmma[s]:>5} {in_flight:>12} {named_sync:>14} {named_arrive:>16}")
+    print(f"serial: {qk} + {pv}; overlap peels the loop (S_0 alone, S_j with P_(j-1) V_(j-1), "
+          f"the last P V after it): 2 x ({qk} + {pv})")
+
+    tma_ptx, cpa_ptx = ptx["pingpong"], ptx["cp_async"]
+    rows = [
+        ("TMA load boxes (Q, K, V: d / 64 each)", r"cp\.async\.bulk\.tensor\.\dd\.shared"),
+        ("arrive.expect_tx (Q; K_j + V_j)", r"mbarrier\.arrive\.expect_tx"),
+        ("cp.async.cg (16 B)", r"cp\.async\.cg\.shared\.global"),
+        ("cp.async.mbarrier.arrive.noinc", r"cp\.async\.mbarrier\.arrive\.noinc"),
+        ("fence.proxy.async (cp.async -> WGMMA)", r"fence\.proxy\.async"),
+        ("mbarrier.init (q + full/empty x stages)", r"mbarrier\.init"),
+        ("st.global (O, then the LSE)", r"st\.global"),
+        ("TMA store", r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"),
+        ("multicast", r"multicast::cluster"),
+    ]
+    print(f"\n{'producer side (pingpong)':<42} {'tma':>5} {'cp_async':>8}")
+    found = {}
+    for name, pattern in rows:
+        found[name] = (count(pattern, tma_ptx), count(pattern, cpa_ptx))
+        print(f"{name:<42} {found[name][0]:>5} {found[name][1]:>8}")
+    for name, text in (("tma", tma_ptx), ("cp_async", cpa_ptx)):
+        regs = re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", text)
+        print(f"setmaxnreg ({name}): " + ", ".join(f"{op} {n}" for op, n in regs))
+    return {"wgmma": wgmma, "tma_store": found["TMA store"][0],
+            "multicast": found["multicast"][0]}
+
+
+def measured() -> str:
+    """What the H200 measured, read from benchmarks/results/attention.json."""
+    from cutetma.kernels.attention_sm90 import BEST_SCHEDULE
+
+    if not RESULTS.exists():
+        heading("6. Measured on the H200")
+        print(f"skipped: {RESULTS} is not here (run benchmarks/attention.py on an H200)")
+        return ""
+    data = json.loads(RESULTS.read_text(encoding="utf-8"))
+    meta, rows, summary = data["meta"], data["rows"], data["meta"]["summary"]
+    heading(f"6. Measured on the H200 (benchmarks/results/attention.json, {meta['date'][:10]})")
+    by_cell = {(r["dtype"], r["d"], r["s"], r["causal"]): r for r in rows}
+    mask = {False: "non-causal", True: "causal"}
+    print("TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)")
+    print(f"{'dtype':<8} {'d':>3} {'s':>6}  {'mask':<10} {'cudnn':>6} {'fa2':>6} {'tma':>6} "
+          f"{'cp_async':>9} {'tma/cudnn':>10}")
+    for cell in CELLS:
+        r = by_cell[cell]
+        print(f"{r['dtype']:<8} {r['d']:>3} {r['s']:>6}  {mask[r['causal']]:<10} "
+              f"{r['cudnn']:>6.0f} {r['fa2']:>6.0f} {r['tma']:>6.0f} {r['cp_async']:>9.0f} "
+              f"{r['tma'] / r['cudnn']:>10.2f}")
+    ratios = [r["tma"] / r["cudnn"] for r in rows if r.get("tma") and r.get("cudnn")]
+    geomean = summary["geomean_tma_over_cudnn"]
+    print(f"over all {len(ratios)} cells: tma/cudnn geomean {geomean:.3f} "
+          f"({min(ratios):.3f} to {max(ratios):.3f}); d = 128, s >= 2k: at least "
+          f"{summary['d128_s>=2k_min_tma_over_cudnn']:.3f}")
+    print(f"TMA vs cp.async: TMA faster in {summary['cells_tma_beats_cp_async']} of "
+          f"{summary['cells_timed_both']} cells, median "
+          f"{summary['median_tma_over_cp_async']:.3f}x")
+    print("schedule ablation, fp16 TMA (serial / overlap / pingpong, default marked *):")
+    for d, s, causal in ABLATION_CELLS:
+        r = by_cell[("float16", d, s, causal)]
+        best = BEST_SCHEDULE[(d, causal)]
+        cols = [f"{r['tma_' + x]:4.0f}{'*' if x == best else ''}"
+                for x in ("serial", "overlap", "pingpong")]
+        print(f"  d={d:>3} s={s:>5} {mask[causal]:<10} " + " / ".join(cols))
+    print("the default over serial / overlap / pingpong, median over fp16 cells: "
+          f"{summary['median_default_over_serial']:.3f} / "
+          f"{summary['median_default_over_overlap']:.3f} / "
+          f"{summary['median_default_over_pingpong']:.3f}")
+    repeat = sorted(r["tma"] / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"])]]
+                    for r in rows if r.get("tma_serial"))
+    print(f"the tma column re-times the default kernel: {repeat[0]:.3f}x to {repeat[-1]:.3f}x "
+          f"its ablation timing (median {float(np.median(repeat)):.3f})")
+    return (f"On the H200 the TMA kernel reaches a geomean {geomean:.2f} of cuDNN over "
+            f"{len(ratios)} cells and beats its cp.async twin in "
+            f"{summary['cells_tma_beats_cp_async']} of {summary['cells_timed_both']}.")
 
 
 def main() -> int:
-    print("08 - attention (design walkthrough; the kernel is validated with " + ISSUE + ")")
+    print("08 - attention: FlashAttention-3's structure from the chapter's pieces")
     reason = gpu_unavailable()
-    where = reason if reason else "the kernel is not validated on a GPU yet"
-    plan = shared_memory_plan()
+    print(f"This script launches nothing on any machine ({reason or 'a GPU is present'}). "
+          "The GPU tests are tests/test_attention_gpu.py, the timings benchmarks/attention.py "
+          "(section 6).")
+    plans = shared_memory_plan()
+    register_budget()
     err = online_softmax_check()
-    heading("3. The kernel, compiled for sm_90a (not yet run on a GPU)")
-    compiled_kernel()
-    print(f"nothing is launched or timed here ({where}); {ISSUE} validates and times it.")
+    err_causal = kernel_order_check()
+    ptx = compiled_kernel()
+    result = measured()
+    p = plans[128]
+    w = ptx["wgmma"]
     heading("Takeaway:")
-    print(f"Takeaway: attention reuses every piece of the chapter: Q by one TMA, K/V through "
-          f"an mbarrier ring ({plan['kv']} B per stage, {plan['total']} B in all for 2 "
-          f"stages at head dim 128), two consumer warpgroups pingponging WGMMA against "
-          f"softmax, a TMA-store epilogue. The online softmax that lets it stream K/V is "
-          f"exact up to rounding: {err:.1e} from the full softmax here (float64). The kernel "
-          f"compiles; its validation and timings come with {ISSUE}.")
-    return 0 if err < 1e-10 else 1
+    print(f"Takeaway: attention reuses the chapter's pieces. Q comes by one TMA, and K_j and "
+          f"V_j share each stage of a {p['stages']}-stage mbarrier ring ({p['kv']} B and one "
+          f"expect_tx per stage at d = 128). Two consumer warpgroups keep P in registers, and "
+          f"FA3's overlaps are schedules ({w['serial']} wgmma serial, {w['overlap']} "
+          f"overlapped). The epilogue uses plain stores ({ptx['tma_store']} TMA stores, "
+          f"{ptx['multicast']} multicasts, one CTA per tile). The online softmax is exact up "
+          f"to rounding: {err:.1e} from the full softmax, {err_causal:.1e} in the kernel's "
+          f"causal order (float64). {result}")
+    return 0 if max(err, err_causal) < 1e-10 else 1
 
 
 if __name__ == "__main__":

@@ -65,11 +65,13 @@ LOG2_E = 1.4426950408889634
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 SCHEDULES = ("serial", "overlap", "pingpong")
 # The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
-# (H200, fp16, 16k tokens; benchmarks/results/attention.json, tma / tma_overlap / tma_serial):
-# pingpong wins for d = 64 and for d = 128 non-causal; for d = 128 causal the turn-taking
-# costs more than it hides (overlap 561 vs pingpong 498 TFLOP/s at 8k); at d = 256 the two
-# 64 KiB stages are both held by an overlapped iteration, so the producer cannot run ahead
-# and serial wins by 1.4-1.6x.
+# (H200, fp16, 16k tokens, s = 512..16k), as the geometric mean over the six sequence
+# lengths in each of two runs (16:37 and 16:42 UTC, 2026-11-30; the second is
+# benchmarks/results/attention.json; single cells move by up to ~9% between runs):
+#   d = 64:   pingpong / overlap 1.11, 1.11 (non-causal); 1.04, 1.02 (causal)
+#   d = 128:  pingpong / overlap 1.02, 1.00 (non-causal: a tie); 0.94, 0.93 (causal)
+#   d = 256:  pingpong / serial 0.70, 0.72; overlap / serial 0.65, 0.66: an overlapped
+#             iteration holds both 64 KiB stages, so the producer cannot run ahead
 BEST_SCHEDULE = {(64, False): "pingpong", (64, True): "pingpong", (128, False): "pingpong",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
