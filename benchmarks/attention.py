@@ -109,13 +109,16 @@ def summarize(rows) -> dict:
 
 
 def plot(rows, path: Path):
+    """Three panels: TFLOP/s non-causal and causal (fp16: cuDNN, FA2, ours with TMA), and
+    ours with TMA over ours with cp.async in every cell (both dtypes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=90, sharey=True)
-    for ax, causal in zip(axes, (False, True), strict=True):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=80,
+                             gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    for ax, causal in zip(axes[:2], (False, True), strict=True):
         for i, d in enumerate(HEAD_DIMS):
             for name, style in (("cudnn", "--"), ("fa2", ":"), ("tma", "-")):
                 pts = [(r["s"], r[name]) for r in rows if r["d"] == d and r["causal"] == causal
@@ -125,9 +128,30 @@ def plot(rows, path: Path):
                             label=f"{name} d={d}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length")
-        ax.set_title("causal" if causal else "non-causal", fontsize=10)
-    axes[0].set_ylabel("TFLOP/s (fp16)")
+        ax.set_title(("causal" if causal else "non-causal") + ", fp16", fontsize=10)
+    axes[0].set_ylabel("TFLOP/s")
     axes[0].legend(fontsize=6, ncol=3)
+    ax = axes[2]
+    for i, d in enumerate(HEAD_DIMS):
+        for causal, marker in ((False, "o"), (True, "^")):
+            for dtype, fill in (("float16", None), ("bfloat16", "none")):
+                pts = [(r["s"], r["tma"] / r["cp_async"]) for r in rows
+                       if r["d"] == d and r["causal"] == causal and r["dtype"] == dtype
+                       and r.get("tma") and r.get("cp_async")]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker, color=f"C{i}", ms=4,
+                            mfc=fill, ls="none")
+    for i, d in enumerate(HEAD_DIMS):
+        ax.plot([], [], "s", color=f"C{i}", label=f"d={d}")
+    ax.plot([], [], "ko", label="non-causal")
+    ax.plot([], [], "k^", label="causal")
+    ax.plot([], [], "ko", mfc="none", label="hollow: bf16")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("TMA / cp.async (same kernel)")
+    ax.set_title("producer: TMA over cp.async, every cell", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
     fig.suptitle("Attention forward on the H200, 16k tokens, h = 2048 / d", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
@@ -138,7 +162,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
+    if args.replot:
+        import json
+
+        path = Path(args.replot)
+        plot(json.loads(path.read_text())["rows"], path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.png')}")
+        return 0
     from cutetma import results
 
     out = Path(args.out)

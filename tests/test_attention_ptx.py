@@ -197,3 +197,27 @@ def test_custom_op_fake_shapes():
     out, lse = torch.ops.cutetma.attention(q, k, k, True, None, "tma")
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+
+
+def test_benchmark_summary_and_replot(tmp_path):
+    """The attention benchmark's summary and plot from rows alone (no GPU): the numbers the
+    issue asks for (d = 128 s >= 2k minimum, geomean over the grid, TMA vs cp.async)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention as bench
+
+    rows = [dict(dtype=dt, d=d, s=s, causal=c, cudnn=600.0, fa2=300.0, tma=540.0 + s / 1024,
+                 cp_async=500.0, tma_serial=480.0)
+            for dt in ("float16", "bfloat16") for d in (64, 128) for s in (1024, 4096)
+            for c in (False, True)]
+    summary = bench.summarize(rows)
+    assert summary["d128_s>=2k_min_tma_over_cudnn"] == pytest.approx(544 / 600)
+    assert summary["cells_tma_beats_cp_async"] == summary["cells_timed_both"] == len(rows)
+    assert summary["median_default_over_serial"] > 1
+    path = tmp_path / "attention.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    assert bench.main(["--replot", str(path)]) == 0
+    assert path.with_suffix(".png").stat().st_size > 10_000
