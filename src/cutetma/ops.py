@@ -369,7 +369,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     d in {64, 128, 256}; causal masks are bottom-right aligned when s_q != s_k (FlashAttention's
     convention, not torch SDPA's). Returns ``out`` (b, s_q, h, d), and ``lse`` (b, h, s_q)
     fp32 with ``return_lse``. Runs on the current CUDA stream. ``load="cp_async"`` runs the
-    same kernel with its producer swapped (the paper's forced cp.async variant).
+    same kernel with its producer swapped (the paper's forced cp.async variant). Inputs
+    whose head dim is not contiguous, or whose base or strides break TMA's 16-byte rule,
+    are copied into a fresh contiguous tensor first (views of a packed qkv tensor are
+    fine as they are).
     """
     names = ("q", "k", "v")
     for name, t in zip(names, (q, k, v), strict=True):
