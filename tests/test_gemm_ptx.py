@@ -151,3 +151,70 @@ def test_automatic_split_k_stays_out_of_explicit_choices():
         cfg = ops._gemm_config(m, n, args.pop("load"), args.pop("cluster"), args.pop("tile"),
                                132, k=k, **args)
         assert cfg.split_k == 1, kwargs
+
+
+@pytest.mark.parametrize("c_dtype", ["Float16", "Float32"])  # stmatrix / the fp32 store op
+@pytest.mark.parametrize("tile_m,tile_n,warpgroups", [
+    (128, 256, 2), (128, 128, 2), (64, 256, 1), (64, 128, 1),  # validated on the H200
+    (128, 128, 1), (128, 256, 1),  # one warpgroup, two 64-row WGMMA blocks (pingpong 128)
+])
+def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, tile_n,
+                                                            warpgroups):
+    """For every consumer thread and epilogue sub-tile, the value the epilogue puts at each
+    fragment position (``epilogue_order``) is the accumulator element with the (row, col)
+    the register-to-shared copy stores from there. Checked on identity tensors on the host;
+    the order was derived from thread 0 only, so this also checks that it holds for the
+    others: every lane of warp 0 and one lane of every other warp (every thread of every
+    warpgroup took 7 minutes on the host; the pattern repeats per warp)."""
+    from cutetma import dsl
+    from cutetma.kernels.gemm_sm90 import epilogue_copy, epilogue_order, make_tiled_mma
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.tensor_utils import LayoutEnum
+
+    epi_n = 32
+
+    def build():
+        row = LayoutEnum.ROW_MAJOR
+        mma = make_tiled_mma(cutlass.Float16, row, row, warpgroups, tile_n)
+        r2s = epilogue_copy(mma, row, getattr(cutlass, c_dtype))
+        order = epilogue_order(mma, r2s, (tile_m, tile_n), epi_n)
+        ids_acc = cute.make_identity_tensor((tile_m, tile_n))
+        ids_sub = cute.make_identity_tensor((tile_m, epi_n))
+        wrong = checked = 0
+        threads = list(range(32)) + [32 * w + (7 * w) % 32 for w in range(1, 4 * warpgroups)]
+        for t in threads:
+            acc = r2s.retile(mma.get_slice(t).partition_C(ids_acc))
+            sub = r2s.get_slice(t).partition_S(ids_sub)
+            for e, positions in enumerate(order):
+                for i, j in enumerate(positions):
+                    want = (sub[i][0], sub[i][1] + e * epi_n)
+                    wrong += (acc[j][0], acc[j][1]) != want
+                    checked += 1
+        return wrong, checked
+
+    wrong, checked = dsl.on_host(build)
+    assert checked == tile_m * tile_n * (32 + 4 * warpgroups - 1) // (128 * warpgroups)
+    assert wrong == 0
+
+
+def test_flat_epilogue_indexing_is_what_broke_pingpong_128():
+    """The old ``e * size(frag) + i`` agrees with ``epilogue_order`` exactly where it was
+    right on the H200 (one 64-row WGMMA block per warpgroup), and not for 128-row pingpong."""
+    from cutetma import dsl
+    from cutetma.kernels.gemm_sm90 import epilogue_copy, epilogue_order, make_tiled_mma
+
+    cutlass, _ = dsl.cutlass()
+    from cutlass.tensor_utils import LayoutEnum
+
+    def flat_agrees(tile_m, warpgroups):
+        def build():
+            row = LayoutEnum.ROW_MAJOR
+            mma = make_tiled_mma(cutlass.Float16, row, row, warpgroups, 128)
+            order = epilogue_order(mma, epilogue_copy(mma, row, cutlass.Float16),
+                                   (tile_m, 128), 32)
+            return all(j == e * len(p) + i for e, p in enumerate(order) for i, j in enumerate(p))
+        return dsl.on_host(build)
+
+    assert flat_agrees(128, 2) and flat_agrees(64, 1)
+    assert not flat_agrees(128, 1)

@@ -148,6 +148,48 @@ EPI_STAGES = 4
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 
 
+def make_tiled_mma(ab_dtype, a_major, b_major, warpgroups: int, tile_n: int):
+    """The WGMMA of ``warpgroups`` warpgroups stacked along M (64 rows each, one
+    m64n{tile_n}k16 instruction per warpgroup and k-step), fp32 accumulation."""
+    return sm90.make_trivial_tiled_mma(
+        ab_dtype, ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
+        cutlass.Float32, (warpgroups, 1, 1), tiler_mn=(64, tile_n))
+
+
+def epilogue_copy(tiled_mma, c_major, c_dtype):
+    """Registers -> shared memory for the epilogue: stmatrix (16-bit C) or the DSL's store op
+    (fp32 C), tiled over the MMA's accumulator layout."""
+    return cute.make_tiled_copy_S(
+        sm90.get_smem_store_op(c_major, c_dtype, cutlass.Float32),
+        cute.make_tiled_copy_C_atom(cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(c_major.is_m_major_c(), 4), c_dtype),
+            tiled_mma))
+
+
+def epilogue_order(tiled_mma, r2s, tile_mn, epi_n) -> list[list[int]]:
+    """``order[e][i]``: the index into the retiled accumulator (``r2s.retile(acc)``) of the
+    value that belongs at index ``i`` of the fragment stored for epilogue sub-tile ``e``
+    (columns ``e * epi_n ...``), found by matching the two tensors' (row, col) coordinates
+    on identity tensors at trace time, for thread 0 (the pattern is the same for every
+    thread: tests/test_gemm_ptx.py checks all of them).
+
+    Indexing ``e * size(frag) + i`` instead holds only while a warpgroup's accumulator is one
+    64-row WGMMA block; with two (a 128-row pingpong tile) it put 14336 of 16384 values in
+    the wrong place, which is what the H200 showed (2026-11-30)."""
+    ids_acc = cute.make_identity_tensor(tile_mn)
+    ids_sub = cute.make_identity_tensor((tile_mn[0], epi_n))
+    acc = r2s.retile(tiled_mma.get_slice(0).partition_C(ids_acc))
+    sub = r2s.get_slice(0).partition_S(ids_sub)
+    where = {}
+    for j in range(cute.size(acc)):
+        row, col = acc[j]
+        where[(row, col)] = j
+    order = []
+    for e in range(tile_mn[1] // epi_n):
+        order.append([where[(sub[i][0], sub[i][1] + e * epi_n)] for i in range(cute.size(sub))])
+    return order
+
+
 class HopperGemm:
     def __init__(self, config: GemmConfig):
         self.cfg = config
@@ -164,9 +206,7 @@ class HopperGemm:
         tile_mnk = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
         stages = cfg.num_stages(c_dtype.width // 8)
 
-        tiled_mma = sm90.make_trivial_tiled_mma(
-            ab_dtype, ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
-            cutlass.Float32, (cfg.mma_groups, 1, 1), tiler_mn=(64, cfg.tile_n))
+        tiled_mma = make_tiled_mma(ab_dtype, a_major, b_major, cfg.mma_groups, cfg.tile_n)
         sA_layout = sm90.make_smem_layout_a(a_major, tile_mnk, ab_dtype, stages)
         sB_layout = sm90.make_smem_layout_b(b_major, tile_mnk, ab_dtype, stages)
         epi_tile = (cfg.tile_m, cfg.epi_n)
@@ -371,11 +411,7 @@ class HopperGemm:
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
         c_dtype = sC.element_type
-        r2s = cute.make_tiled_copy_S(
-            sm90.get_smem_store_op(c_major, c_dtype, cutlass.Float32),
-            cute.make_tiled_copy_C_atom(cute.make_copy_atom(
-                cute.nvgpu.warp.StMatrix8x8x16bOp(c_major.is_m_major_c(), 4), c_dtype),
-                tiled_mma))
+        r2s = epilogue_copy(tiled_mma, c_major, c_dtype)
         thr_r2s = r2s.get_slice(mma_tid)
         tRS_sC = thr_r2s.partition_D(sC)
         tRS_acc = r2s.retile(acc)
@@ -383,6 +419,7 @@ class HopperGemm:
         frag = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
         frag_out = cute.make_rmem_tensor(frag_shape, c_dtype)
         epi_tiles = cfg.tile_n // cfg.epi_n
+        order = epilogue_order(tiled_mma, r2s, (cfg.tile_m, cfg.tile_n), cfg.epi_n)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -437,7 +474,7 @@ class HopperGemm:
                                                gmem_box_rank=1)
                 for e in cutlass.range_constexpr(epi_tiles):
                     for v in cutlass.range_constexpr(cute.size(frag)):
-                        frag[v] = tRS_acc[e * cute.size(frag) + v]
+                        frag[v] = tRS_acc[order[e][v]]
                     frag_out.store(frag.load().to(c_dtype))
                     buf = stores % epi_bufs
                     if cutlass.const_expr(cfg.pingpong):
