@@ -7,11 +7,11 @@ in this process so compiled kernels are shared), then any benchmark steps (``gem
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-The next session's first call (the persistent attention on branch wip/attention-persistent,
-merged, is what has not run on a GPU)::
+The next session's first call: merge branches wip/attention-persistent (persistent attention)
+and wip/gemm-pingpong-128 (128x128 pingpong GEMM), neither run on a GPU yet, then::
 
     source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests attention_bench \
-        --pytest tests/test_attention_gpu.py tests/test_gemm_gpu.py
+        gemm_bench --pytest tests/test_attention_gpu.py tests/test_gemm_gpu.py
 """
 
 from __future__ import annotations

@@ -98,8 +98,10 @@ class GemmConfig:
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: at least 1")
         if self.schedule == "pingpong" and self.tile_m != 64:
-            # 128-row tiles per warpgroup (two m64 WGMMA rows) compiled but gave wrong results
-            # on the H200 (benchmarks/results/gemm.json, 2026-11-30): refused until fixed
+            # 128-row tiles per warpgroup (two m64 WGMMA rows) gave wrong results on the H200
+            # (2026-11-30). The cause, the epilogue's flat accumulator indexing, is fixed
+            # (epilogue_order, checked on the host); refused until a GPU run confirms it
+            # (branch wip/gemm-pingpong-128 lifts this and adds the GPU test)
             raise ValueError("pingpong gives each warpgroup whole 64-row tiles: tile_m must be 64")
 
     @property
