@@ -9,7 +9,9 @@ whole call), then any benchmark steps (``gemm_bench``,
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
 The next session's first call: merge branches wip/attention-persistent (persistent attention)
-and wip/gemm-pingpong-128 (128x128 pingpong GEMM), neither run on a GPU yet, then::
+and wip/gemm-pingpong-128 (128x128 pingpong GEMM), neither run on a GPU yet, then the call
+below; a second call with wip/attention-split-kv (separate K and V rings, on top of the
+persistent branch) merged, to see whether overlap now wins at d = 256::
 
     source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests attention_bench \
         gemm_bench --test-timeout 60 --pytest tests/test_attention_gpu.py tests/test_gemm_gpu.py
