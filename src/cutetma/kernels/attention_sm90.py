@@ -297,8 +297,8 @@ class FlashAttentionSm90:
         cfg = self.cfg
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
-        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
         local = cutlass.Int32(0)  # tiles this CTA has done
+        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
         for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
                                   unroll=1):
             m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
@@ -325,10 +325,11 @@ class FlashAttentionSm90:
                 cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
                           tma_bar_ptr=bar)
 
-            self._produce_kv(pipe, kv, self._key_blocks(m_block, seqlen_q, seqlen_k),
-                             load_stage)
+            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+            self._produce_kv(pipe, self._ring(done, producer=True), n_blocks, load_stage)
+            done += n_blocks
             local += 1
-        pipe.producer_tail(kv)
+        pipe.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
     def produce_cp_async(self, pipe, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
@@ -338,8 +339,8 @@ class FlashAttentionSm90:
         are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
         local = cutlass.Int32(0)
+        done = cutlass.Int32(0)
         for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
                                   unroll=1):
             m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
@@ -362,10 +363,11 @@ class FlashAttentionSm90:
                 cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
                               (cfg.head_dim, cfg.block_n))
 
-            self._produce_kv(pipe, kv, self._key_blocks(m_block, seqlen_q, seqlen_k),
-                             load_stage)
+            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+            self._produce_kv(pipe, self._ring(done, producer=True), n_blocks, load_stage)
+            done += n_blocks
             local += 1
-        pipe.producer_tail(kv)
+        pipe.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
     def _produce_kv(self, pipe, state, n_blocks, load_stage: cutlass.Constexpr):
@@ -377,6 +379,17 @@ class FlashAttentionSm90:
             load_stage(j, state)
             pipe.producer_commit(state)
             state.advance()
+
+    def _ring(self, done, producer: bool = False):
+        """The pipeline state after ``done`` key blocks, rebuilt from that count at each
+        tile: a state advanced inside a helper's or a branch's staged loop does not reliably
+        come back out of it (the tracer rebuilds such objects), while a plain Int32 count
+        does. Producers start on phase 1 (every stage empty), consumers on 0."""
+        stages = self.cfg.stages
+        phase = (done // stages) % 2
+        if producer:
+            phase = 1 - phase
+        return pipeline.PipelineState(stages, done, done % stages, phase)
 
     @cute.jit
     def consume(self, pipe, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
@@ -417,13 +430,14 @@ class FlashAttentionSm90:
         my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
         their_turn = pipeline.NamedBarrier(barrier_id=2 - wg, num_threads=2 * WARPGROUP)
 
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         local = cutlass.Int32(0)
+        done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
         for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
                                   unroll=1):
             m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
             n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
             row0 = m_block * cfg.block_m + row_in_block
+            read = self._ring(done)
             acc_o.fill(0.0)
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
@@ -490,6 +504,7 @@ class FlashAttentionSm90:
             cute.arch.mbarrier_arrive(q_empty)
             self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
                            seqlen_q, scale_log2)
+            done += n_blocks
             local += 1
 
     @cute.jit
