@@ -432,7 +432,7 @@ def _run_attention(q, k, v, scale: float, cfg):
     from cutetma import dsl
 
     cutlass, _ = dsl.cutlass()
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = _sm_count(q.device.index)
     args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale),
             cutlass.Int32(sms), _stream())
     _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)

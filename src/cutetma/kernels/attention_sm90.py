@@ -10,7 +10,7 @@ aligned when s_q != s_k, as FlashAttention) or not.
 
 Dataflow for one (128-row Q block, head, batch) CTA::
 
-    producer warp   Q once (TMA) ------------------------------> sQ   (q barrier)
+    producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
                     K_j, V_j for every key block j (TMA) ------> kv ring (stages mbarrier pairs)
     consumer WG w   S = Q_w K_j^T          (WGMMA, Q and K from shared memory)
       (w = 0, 1:    mask the diagonal / the tail, online softmax in fp32 with exp2
@@ -38,8 +38,10 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
-a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): a
-persistent tile scheduler, a TMA-store epilogue, and cluster multicast of K/V.
+a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
+registers, 168 x 384 threads, allow no second) walks the (query block, head, batch) tiles.
+Not yet here (FlashAttention-3 has them): a TMA-store epilogue, separate K and V barriers,
+and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ class FlashAttentionSm90:
                  stream: cuda.CUstream):
         """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
-        ``sm_count``: the persistent grid's size (one CTA per SM fits: 224 KiB of stages)."""
+        ``sm_count``: the persistent grid's size (one CTA per SM: 384 threads x 168
+        registers fill the register file)."""
         cfg = self.cfg
         dtype = mQ.element_type
         mQ, mK, mV = (self._aligned_strides(x) for x in (mQ, mK, mV))
@@ -292,8 +295,8 @@ class FlashAttentionSm90:
     @cute.jit
     def produce(self, pipe, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
                 mV_tma, sQ, sK, sV, tiles, heads, seqlen_q, seqlen_k):
-        """One warp, per tile: Q once its buffer is free, then K_j and V_j of every key block
-        into the next free stage (the ring runs on across tiles)."""
+        """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
+        (the ring runs on across tiles), in ``_produce_tile``'s order."""
         cfg = self.cfg
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
@@ -311,13 +314,12 @@ class FlashAttentionSm90:
             _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
             tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
             tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
-            if local > 0:
-                cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)  # the last tile's Q is read
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
-            cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)
+            # traced once, within this iteration: the loop variables they read are this tile's
+            def load_q():
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
 
-            # traced once, within this iteration: the loop variables it reads are this tile's
             def load_stage(j, state):
                 bar = pipe.producer_get_barrier(state)
                 cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
@@ -326,7 +328,7 @@ class FlashAttentionSm90:
                           tma_bar_ptr=bar)
 
             n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_kv(pipe, self._ring(done, producer=True), n_blocks, load_stage)
+            self._produce_tile(pipe, q_empty, local, done, n_blocks, load_q, load_stage)
             done += n_blocks
             local += 1
         pipe.producer_tail(self._ring(done, producer=True))
@@ -334,8 +336,9 @@ class FlashAttentionSm90:
     @cute.jit
     def produce_cp_async(self, pipe, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
                          heads, seqlen_q, seqlen_k):
-        """A warpgroup, per tile: Q, then K_j and V_j, 16 bytes per cp.async into the same
-        swizzled stages; each thread arrives (noinc) when its copies land. Key rows past s_k
+        """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
+        cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
+        land. Key rows past s_k
         are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -351,12 +354,12 @@ class FlashAttentionSm90:
             k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
             v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
                                            WARPGROUP)
-            if local > 0:
-                cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)
-            cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
-            self.loader.commit(q_full)
+            # traced once, within this iteration: the loop variables they read are this tile's
+            def load_q():
+                cpa.load_tile(q_part, m_block, 0, 0, gQ.shape,  # noqa: B023
+                              (cfg.block_m, cfg.head_dim))
+                self.loader.commit(q_full)
 
-            # traced once, within this iteration: the loop variables it reads are this tile's
             def load_stage(j, state):
                 cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
                               (cfg.block_n, cfg.head_dim))
@@ -364,17 +367,33 @@ class FlashAttentionSm90:
                               (cfg.head_dim, cfg.block_n))
 
             n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_kv(pipe, self._ring(done, producer=True), n_blocks, load_stage)
+            self._produce_tile(pipe, q_empty, local, done, n_blocks, load_q, load_stage)
             done += n_blocks
             local += 1
         pipe.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def _produce_kv(self, pipe, state, n_blocks, load_stage: cutlass.Constexpr):
-        """The K/V schedule, the same for every mechanism: for each key block take the next
-        empty stage, ``load_stage`` into it, commit (TMA: the bytes complete the barrier,
-        a no-op here; cp.async: each thread arrives when its copies land)."""
-        for j in cutlass.range(n_blocks, unroll=1):
+    def _produce_tile(self, pipe, q_empty, local, done, n_blocks, load_q: cutlass.Constexpr,
+                      load_stage: cutlass.Constexpr):
+        """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
+        need only a free stage, so they overlap the consumers' last blocks of the previous
+        tile), then Q once the consumers have finished reading the previous tile's (q empty),
+        then the remaining key blocks."""
+        first = cutlass.min(n_blocks, 1)
+        self._produce_kv(pipe, self._ring(done, producer=True), 0, first, load_stage)
+        if local > 0:
+            cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)
+        load_q()
+        self._produce_kv(pipe, self._ring(done + first, producer=True), first, n_blocks,
+                         load_stage)
+
+    @cute.jit
+    def _produce_kv(self, pipe, state, start, stop, load_stage: cutlass.Constexpr):
+        """The K/V schedule: for key blocks start..stop-1 take the next empty stage,
+        ``load_stage`` into it, commit (TMA: the bytes complete the barrier, a no-op here;
+        cp.async: each thread arrives when its copies land). ``state`` is the ring position
+        of block ``start``; the caller rebuilds its own from counts (``_ring``)."""
+        for j in cutlass.range(start, stop, unroll=1):
             pipe.producer_acquire(state)
             load_stage(j, state)
             pipe.producer_commit(state)
