@@ -11,7 +11,10 @@ aligned when s_q != s_k, as FlashAttention) or not.
 Dataflow for one (128-row Q block, head, batch) CTA::
 
     producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
-                    K_j, V_j for every key block j (TMA) ------> kv ring (stages mbarrier pairs)
+                    K_j, V_j for every key block j (TMA) ------> K ring, V ring: the same depth,
+                                                                  each stage a full / empty pair
+                                                                  (K_j freed after S_j, V_j after
+                                                                  P V)
     consumer WG w   S = Q_w K_j^T          (WGMMA, Q and K from shared memory)
       (w = 0, 1:    mask the diagonal / the tail, online softmax in fp32 with exp2
        64 rows      P = exp2(S * scale log2 e - m)  -> fp16/bf16 in registers
@@ -180,7 +183,8 @@ class FlashAttentionSm90:
         @cute.struct
         class Storage:
             q_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # Q full, Q empty
-            kv_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            k_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
@@ -237,11 +241,16 @@ class FlashAttentionSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         q_full = storage.q_barriers.data_ptr()
         q_empty = q_full + 1
-        kv_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
-        kv_bytes += cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        k_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
         q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
-        pipe = self.loader.make_pipeline(storage.kv_barriers.data_ptr(), cfg.stages, WARPGROUP,
-                                         8, kv_bytes)
+        # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
+        # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
+        # even when an overlapped iteration holds V_{j-1} and K_j at once
+        pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 8, k_bytes)
+        pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 8, v_bytes)
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(q_full, self.loader.barrier_count(WARPGROUP))
@@ -256,15 +265,16 @@ class FlashAttentionSm90:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
-                    self.produce(pipe, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma,
-                                 tma_v, mV_tma, sQ, sK, sV, tiles, heads, seqlen_q, seqlen_k)
+                    self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
+                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, tiles, heads, seqlen_q,
+                                 seqlen_k)
             else:
-                self.produce_cp_async(pipe, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
-                                      heads, seqlen_q, seqlen_k)
+                self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
+                                      tiles, heads, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
-                         heads, seqlen_q, seqlen_k, scale_log2)
+            self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
+                         tiles, heads, seqlen_q, seqlen_k, scale_log2)
 
     @cute.jit
     def _tile_coords(self, tile, seqlen_q, heads):
@@ -293,7 +303,7 @@ class FlashAttentionSm90:
         return n
 
     @cute.jit
-    def produce(self, pipe, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
+    def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
                 mV_tma, sQ, sK, sV, tiles, heads, seqlen_q, seqlen_k):
         """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
         (the ring runs on across tiles), in ``_produce_tile``'s order."""
@@ -320,21 +330,24 @@ class FlashAttentionSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
                 cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
 
-            def load_stage(j, state):
-                bar = pipe.producer_get_barrier(state)
+            def load_k(j, state):
                 cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
-                          tma_bar_ptr=bar)
+                          tma_bar_ptr=pipe_k.producer_get_barrier(state))
+
+            def load_v(j, state):
                 cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
-                          tma_bar_ptr=bar)
+                          tma_bar_ptr=pipe_v.producer_get_barrier(state))
 
             n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_tile(pipe, q_empty, local, done, n_blocks, load_q, load_stage)
+            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                               load_k, load_v)
             done += n_blocks
             local += 1
-        pipe.producer_tail(self._ring(done, producer=True))
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def produce_cp_async(self, pipe, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
                          heads, seqlen_q, seqlen_k):
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
@@ -360,43 +373,53 @@ class FlashAttentionSm90:
                               (cfg.block_m, cfg.head_dim))
                 self.loader.commit(q_full)
 
-            def load_stage(j, state):
+            def load_k(j, state):
                 cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
                               (cfg.block_n, cfg.head_dim))
+
+            def load_v(j, state):
                 cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
                               (cfg.head_dim, cfg.block_n))
 
             n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_tile(pipe, q_empty, local, done, n_blocks, load_q, load_stage)
+            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                               load_k, load_v)
             done += n_blocks
             local += 1
-        pipe.producer_tail(self._ring(done, producer=True))
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def _produce_tile(self, pipe, q_empty, local, done, n_blocks, load_q: cutlass.Constexpr,
-                      load_stage: cutlass.Constexpr):
+    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, n_blocks,
+                      load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
+                      load_v: cutlass.Constexpr):
         """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
         need only a free stage, so they overlap the consumers' last blocks of the previous
         tile), then Q once the consumers have finished reading the previous tile's (q empty),
         then the remaining key blocks."""
         first = cutlass.min(n_blocks, 1)
-        self._produce_kv(pipe, self._ring(done, producer=True), 0, first, load_stage)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
+                         load_v)
         if local > 0:
             cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)
         load_q()
-        self._produce_kv(pipe, self._ring(done + first, producer=True), first, n_blocks,
-                         load_stage)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
+                         n_blocks, load_k, load_v)
 
     @cute.jit
-    def _produce_kv(self, pipe, state, start, stop, load_stage: cutlass.Constexpr):
+    def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
+                    load_v: cutlass.Constexpr):
         """The K/V schedule: for key blocks start..stop-1 take the next empty stage,
         ``load_stage`` into it, commit (TMA: the bytes complete the barrier, a no-op here;
         cp.async: each thread arrives when its copies land). ``state`` is the ring position
         of block ``start``; the caller rebuilds its own from counts (``_ring``)."""
         for j in cutlass.range(start, stop, unroll=1):
-            pipe.producer_acquire(state)
-            load_stage(j, state)
-            pipe.producer_commit(state)
+            pipe_k.producer_acquire(state)
+            load_k(j, state)
+            pipe_k.producer_commit(state)
+            pipe_v.producer_acquire(state)
+            load_v(j, state)
+            pipe_v.producer_commit(state)
             state.advance()
 
     def _ring(self, done, producer: bool = False):
@@ -411,7 +434,7 @@ class FlashAttentionSm90:
         return pipeline.PipelineState(stages, done, done % stages, phase)
 
     @cute.jit
-    def consume(self, pipe, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
+    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
                 heads, seqlen_q, seqlen_k, scale_log2):
         """A consumer warpgroup, per tile: its 64 query rows against every key block."""
         cfg = self.cfg
@@ -465,27 +488,29 @@ class FlashAttentionSm90:
                 cute.arch.fence_view_async_shared()  # Q came through the generic proxy
             if cutlass.const_expr(not cfg.overlap):
                 for j in cutlass.range(n_blocks, unroll=1):
-                    self.loader.consumer_wait(pipe, read)
+                    self.loader.consumer_wait(pipe_k, read)
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
                     warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, read)
                     self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                     self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                     self._rescale(acc_o, correction)
                     tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                    self.loader.consumer_wait(pipe_v, read)
                     self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
                     warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe, read)
+                    self.loader.consumer_release(pipe_v, read)
                     read.advance()
             else:
                 if n_blocks > 0:
-                    # the stage of block j - 1 (its V feeds this iteration's P V) is released
-                    # one iteration behind the one being read
+                    # V_{j-1} (this iteration's P V) is waited for and released one iteration
+                    # behind K_j
                     release = read.clone()
                     if cutlass.const_expr(cfg.pingpong):
                         if wg == 1:
                             their_turn.arrive()  # warpgroup 0 goes first
                     # block 0: S_0 and its softmax; its P V is issued with S_1
-                    self.loader.consumer_wait(pipe, read)
+                    self.loader.consumer_wait(pipe_k, read)
                     if cutlass.const_expr(cfg.pingpong):
                         my_turn.arrive_and_wait()
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
@@ -493,32 +518,36 @@ class FlashAttentionSm90:
                         if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
                             their_turn.arrive()
                     warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, read)
                     self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
                     self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                     tOrP_as_s.store(acc_s.load().to(mO.element_type))
                     read.advance()
                     for j in cutlass.range(1, n_blocks, unroll=1):
-                        self.loader.consumer_wait(pipe, read)
+                        self.loader.consumer_wait(pipe_k, read)
                         if cutlass.const_expr(cfg.pingpong):
                             my_turn.arrive_and_wait()
                         self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j ...
                         self._rescale(acc_o, correction)  # ... while O takes j-1's rescale
+                        self.loader.consumer_wait(pipe_v, release)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                         if cutlass.const_expr(cfg.pingpong):
                             if (wg == 0) | (j < n_blocks - 1):
                                 their_turn.arrive()
                         warpgroup.wait_group(1)  # S_j is in; P V may still run
+                        self.loader.consumer_release(pipe_k, read)  # K_j is read
                         self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                        warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P, stage j-1 free
-                        self.loader.consumer_release(pipe, release)
+                        warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
+                        self.loader.consumer_release(pipe_v, release)
                         release.advance()
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         read.advance()
                     self._rescale(acc_o, correction)
+                    self.loader.consumer_wait(pipe_v, release)
                     self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                     warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe, release)
+                    self.loader.consumer_release(pipe_v, release)
             # every WGMMA that read Q has completed: the producer may load the next tile's
             cute.arch.mbarrier_arrive(q_empty)
             self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
