@@ -31,8 +31,10 @@ The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two o
 
 Warp roles and barriers::
 
-    warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    kv full: expect_tx(K+V bytes)
-    consumer warpgroups   wait q, wait kv full; release kv empty (8 warps arrive per stage)
+    warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    K full: expect_tx(K bytes),
+                                                                  V full: expect_tx(V bytes)
+    consumer warpgroups   wait q, wait K / V full; release K / V empty (8 warps arrive per
+                          stage); the producer takes the K and V stages of a block in turn
 
 Why the WGMMA layouts line up: a warpgroup's m64nN fp32 accumulator holds, per 8 columns, the
 pairs (row r, cols 2t..2t+1) and (row r+8, same cols); the m64nNk16 A operand in registers
@@ -43,8 +45,7 @@ Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
 a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
 registers, 168 x 384 threads, allow no second) walks the (query block, head, batch) tiles.
-Not yet here (FlashAttention-3 has them): a TMA-store epilogue, separate K and V barriers,
-and cluster multicast of K/V.
+Not yet here (FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 #   d = 64:   pingpong / overlap 1.11, 1.11 (non-causal); 1.04, 1.02 (causal)
 #   d = 128:  pingpong / overlap 1.02, 1.00 (non-causal: a tie); 0.94, 0.93 (causal)
 #   d = 256:  pingpong / serial 0.70, 0.72; overlap / serial 0.65, 0.66: an overlapped
-#             iteration holds both 64 KiB stages, so the producer cannot run ahead
+#             iteration held both 64 KiB stages, so the producer could not run ahead
+#             (measured with one K+V ring; separate K and V rings are meant to lift this:
+#             to be re-measured)
 BEST_SCHEDULE = {(64, False): "pingpong", (64, True): "pingpong", (128, False): "pingpong",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
@@ -409,10 +412,11 @@ class FlashAttentionSm90:
     @cute.jit
     def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
                     load_v: cutlass.Constexpr):
-        """The K/V schedule: for key blocks start..stop-1 take the next empty stage,
-        ``load_stage`` into it, commit (TMA: the bytes complete the barrier, a no-op here;
-        cp.async: each thread arrives when its copies land). ``state`` is the ring position
-        of block ``start``; the caller rebuilds its own from counts (``_ring``)."""
+        """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
+        ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
+        a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
+        ring position of block ``start`` (the same in both rings); the caller rebuilds its own
+        from counts (``_ring``)."""
         for j in cutlass.range(start, stop, unroll=1):
             pipe_k.producer_acquire(state)
             load_k(j, state)
