@@ -11,7 +11,8 @@ output first; a wrong or unsupported configuration becomes a row with an error.
 ``tma`` / ``cp_async`` use the default consumer schedule for the head dim and mask
 (``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
-intra-warpgroup overlap and pingpong, from which those defaults were chosen.
+intra-warpgroup overlap and pingpong, from which those defaults were chosen; and the default
+with one CTA per tile instead of the persistent grid (``tma_one_cta_per_tile``).
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
 
@@ -67,11 +68,15 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
     variants = [("tma", "tma", None), ("cp_async", "cp_async", None)]
     if dtype == "float16":
         variants += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
-    for load, mechanism, schedule in variants:
-        def ours(mechanism=mechanism, schedule=schedule):
-            if schedule is None:
+        variants += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
+    for load, mechanism, config in variants:
+        if isinstance(config, str):
+            config = dict(schedule=config)
+
+        def ours(mechanism=mechanism, config=config):
+            if config is None:
                 return ops.attention(q, k, v, causal=causal, load=mechanism)
-            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, schedule=schedule)
+            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, **config)
             return ops._run_attention(q, k, v, d ** -0.5, cfg)[0]
         try:
             out = ours()
@@ -101,7 +106,7 @@ def summarize(rows) -> dict:
         s["median_tma_over_cp_async"] = statistics.median(mech)
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
-    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong"):
+    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_one_cta_per_tile"):
         gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
         if gains:
             s[f"median_default_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)

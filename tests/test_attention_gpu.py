@@ -39,14 +39,15 @@ def _same_dtype(q, k, v, causal):
     return out.transpose(1, 2).nan_to_num(0.0)
 
 
-def check(q, k, v, causal, load="tma", schedule=None):
+def check(q, k, v, causal, load="tma", **config):
+    """``config``: AttentionConfig fields other than the defaults (schedule, persistent)."""
     from cutetma import ops
     from cutetma.kernels.attention_sm90 import AttentionConfig, attention_ref
 
-    if schedule is None:
+    if not config:
         out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, load=load)
     else:
-        cfg = AttentionConfig(head_dim=q.shape[-1], causal=causal, load=load, schedule=schedule)
+        cfg = AttentionConfig(head_dim=q.shape[-1], causal=causal, load=load, **config)
         out, lse = ops._run_attention(q, k, v, q.shape[-1] ** -0.5, cfg)
     ref, ref_lse = attention_ref(q, k, v, causal)
     same = _same_dtype(q, k, v, causal).float()
@@ -99,6 +100,20 @@ def test_every_schedule(schedule, causal):
         k = torch.randn(2, s_k, 4, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(2, s_k, 4, 128, device="cuda", dtype=torch.bfloat16)
         check(q, k, v, causal, schedule=schedule)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_walk(load, causal):
+    """Many tiles per CTA (one CTA per SM walks 16 x 16 x 4 = 1024 tiles; causal gives them
+    different key counts), and the one-CTA-per-tile grid on the same inputs."""
+    import torch
+
+    q = torch.randn(4, 2001, 16, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(4, 1900, 4, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(4, 1900, 4, 64, device="cuda", dtype=torch.float16)
+    check(q, k, v, causal, load)
+    check(q, k, v, causal, load, persistent=False)
 
 
 def test_custom_op_and_stream():

@@ -435,7 +435,9 @@ def _run_attention(q, k, v, scale: float, cfg):
     from cutetma import dsl
 
     cutlass, _ = dsl.cutlass()
-    args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale), _stream())
+    sms = _sm_count(q.device.index)
+    args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale),
+            cutlass.Int32(sms), _stream())
     _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)
     return out, lse
 

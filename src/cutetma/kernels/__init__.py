@@ -171,4 +171,4 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
     lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,
                            (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
     return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(), qkv(), qkv(), lse,
-                           cutlass.Float32(0.125), make_fake_stream())
+                           cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())

@@ -10,8 +10,11 @@ aligned when s_q != s_k, as FlashAttention) or not.
 
 Dataflow for one (128-row Q block, head, batch) CTA::
 
-    producer warp   Q once (TMA) ------------------------------> sQ   (q barrier)
-                    K_j, V_j for every key block j (TMA) ------> kv ring (stages mbarrier pairs)
+    producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
+                    K_j, V_j for every key block j (TMA) ------> K ring, V ring: the same depth,
+                                                                  each stage a full / empty pair
+                                                                  (K_j freed after S_j, V_j after
+                                                                  P V)
     consumer WG w   S = Q_w K_j^T          (WGMMA, Q and K from shared memory)
       (w = 0, 1:    mask the diagonal / the tail, online softmax in fp32 with exp2
        64 rows      P = exp2(S * scale log2 e - m)  -> fp16/bf16 in registers
@@ -28,8 +31,10 @@ The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two o
 
 Warp roles and barriers::
 
-    warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    kv full: expect_tx(K+V bytes)
-    consumer warpgroups   wait q, wait kv full; release kv empty (8 warps arrive per stage)
+    warp 0 (producer)     q barrier: arrive.expect_tx(Q bytes)    K full: expect_tx(K bytes),
+                                                                  V full: expect_tx(V bytes)
+    consumer warpgroups   wait q, wait K / V full; release K / V empty (8 warps arrive per
+                          stage); the producer takes the K and V stages of a block in turn
 
 Why the WGMMA layouts line up: a warpgroup's m64nN fp32 accumulator holds, per 8 columns, the
 pairs (row r, cols 2t..2t+1) and (row r+8, same cols); the m64nNk16 A operand in registers
@@ -38,8 +43,9 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
-a 64x256 fp32 O accumulator per warpgroup). Not yet here (FlashAttention-3 has them): a
-persistent tile scheduler, a TMA-store epilogue, and cluster multicast of K/V.
+a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
+registers, 168 x 384 threads, allow no second) walks the (query block, head, batch) tiles.
+Not yet here (FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -71,7 +77,9 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 #   d = 64:   pingpong / overlap 1.11, 1.11 (non-causal); 1.04, 1.02 (causal)
 #   d = 128:  pingpong / overlap 1.02, 1.00 (non-causal: a tie); 0.94, 0.93 (causal)
 #   d = 256:  pingpong / serial 0.70, 0.72; overlap / serial 0.65, 0.66: an overlapped
-#             iteration holds both 64 KiB stages, so the producer cannot run ahead
+#             iteration held both 64 KiB stages, so the producer could not run ahead
+#             (measured with one K+V ring; separate K and V rings are meant to lift this:
+#             to be re-measured)
 BEST_SCHEDULE = {(64, False): "pingpong", (64, True): "pingpong", (128, False): "pingpong",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
@@ -91,6 +99,9 @@ class AttentionConfig:
     # "pingpong": "overlap", and the two warpgroups take turns issuing their GEMMs (named
     #   barriers), so one's softmax runs under the other's GEMMs.
     schedule: str = ""  # "": the one measured fastest for this head dim and mask (BEST_SCHEDULE)
+    # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
+    # tile's Q and K/V loads run under this tile's epilogue; False: one CTA per tile
+    persistent: bool = True
 
     def __post_init__(self):
         if not self.block_n:
@@ -132,9 +143,12 @@ class FlashAttentionSm90:
     # ------------------------------------------------------------------------ host
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+                 stream: cuda.CUstream):
         """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
-        (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)"""
+        (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
+        ``sm_count``: the persistent grid's size (one CTA per SM: 384 threads x 168
+        registers fill the register file)."""
         cfg = self.cfg
         dtype = mQ.element_type
         mQ, mK, mV = (self._aligned_strides(x) for x in (mQ, mK, mV))
@@ -171,14 +185,17 @@ class FlashAttentionSm90:
 
         @cute.struct
         class Storage:
-            q_barrier: cute.struct.MemRange[cutlass.Int64, 1]
-            kv_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            q_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # Q full, Q empty
+            k_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
-        grid = (cute.ceil_div(mQ.shape[0], cfg.block_m), mQ.shape[2], mQ.shape[3])
+        tiles = cute.ceil_div(mQ.shape[0], cfg.block_m) * mQ.shape[2] * mQ.shape[3]
+        grid = (cutlass.min(tiles, sm_count) if cutlass.const_expr(cfg.persistent) else tiles,
+                1, 1)
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
                     pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
                     softmax_scale * LOG2_E).launch(
@@ -216,11 +233,6 @@ class FlashAttentionSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(cfg.causal):
-            # the last query blocks see the most keys: launch them first, so the short
-            # blocks fill the tail of the grid instead of the long ones
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         if warp == 0:
             tma.prefetch(tma_q)
             tma.prefetch(tma_k)
@@ -230,34 +242,57 @@ class FlashAttentionSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        q_bar = storage.q_barrier.data_ptr()
-        kv_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
-        kv_bytes += cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        q_full = storage.q_barriers.data_ptr()
+        q_empty = q_full + 1
+        k_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
         q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
-        pipe = self.loader.make_pipeline(storage.kv_barriers.data_ptr(), cfg.stages, WARPGROUP,
-                                         8, kv_bytes)
+        # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
+        # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
+        # even when an overlapped iteration holds V_{j-1} and K_j at once
+        pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 8, k_bytes)
+        pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 8, v_bytes)
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, self.loader.barrier_count(WARPGROUP))
+                cute.arch.mbarrier_init(q_full, self.loader.barrier_count(WARPGROUP))
+                cute.arch.mbarrier_init(q_empty, 2 * WARPGROUP)  # every consumer thread
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        seqlen_q = mO.shape[0]
-        n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+        seqlen_q, heads = mO.shape[0], mO.shape[2]
+        tiles = cute.ceil_div(seqlen_q, cfg.block_m) * heads * mO.shape[3]
         producer_regs, consumer_regs = REGISTERS[cfg.load]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
-                    self.produce(pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
-                                 mV_tma, sQ, sK, sV, m_block, head, batch, n_blocks)
+                    self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
+                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, tiles, heads, seqlen_q,
+                                 seqlen_k)
             else:
-                self.produce_cp_async(pipe, q_bar, mQ, mK, mVt, sQ, sK, sV, m_block, head,
-                                      batch, n_blocks, seqlen_k)
+                self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
+                                      tiles, heads, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head,
-                         batch, n_blocks, seqlen_q, seqlen_k, scale_log2)
+            self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
+                         tiles, heads, seqlen_q, seqlen_k, scale_log2)
+
+    @cute.jit
+    def _tile_coords(self, tile, seqlen_q, heads):
+        """The work tiles, (query block, head, batch), are numbered with the query block
+        fastest, so the CTAs in flight share one head's K/V in L2. A CTA takes tiles
+        ``blockIdx, blockIdx + gridDim, ...``: a grid of every tile gives each CTA one; the
+        persistent grid (one CTA per SM) walks them round robin. Causal: a head's query blocks
+        are numbered from the last (which sees the most keys), so long tiles go first and
+        short ones fill the end. Returns (m_block, head, batch)."""
+        m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
+        m_block = tile % m_blocks
+        if cutlass.const_expr(self.cfg.causal):
+            m_block = m_blocks - 1 - m_block
+        head_batch = tile // m_blocks
+        return m_block, head_batch % heads, head_batch // heads
 
     @cute.jit
     def _key_blocks(self, m_block, seqlen_q, seqlen_k):
@@ -271,70 +306,141 @@ class FlashAttentionSm90:
         return n
 
     @cute.jit
-    def produce(self, pipe, q_bar, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, sQ, sK,
-                sV, m_block, head, batch, n_blocks):
-        """One warp: Q once, then K_j and V_j of every key block into the next free stage."""
+    def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
+                mV_tma, sQ, sK, sV, tiles, heads, seqlen_q, seqlen_k):
+        """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
+        (the ring runs on across tiles), in ``_produce_tile``'s order."""
         cfg = self.cfg
-        gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
-                             (m_block, 0))
-        gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
-                             (None, 0))
-        gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
-                             (0, None))
-        tQsQ, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
-        tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
-        tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, q_bytes)
-        cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_bar)
+        tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
+            mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
+        local = cutlass.Int32(0)  # tiles this CTA has done
+        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
+        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+                                  unroll=1):
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
+            gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
+                                 (m_block, 0))
+            gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
+                                 (None, 0))
+            gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
+                                 (0, None))
+            _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+            # traced once, within this iteration: the loop variables they read are this tile's
+            def load_q():
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
 
-        def load_stage(j, state):
-            bar = pipe.producer_get_barrier(state)
-            cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)], tma_bar_ptr=bar)
-            cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)], tma_bar_ptr=bar)
+            def load_k(j, state):
+                cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
+                          tma_bar_ptr=pipe_k.producer_get_barrier(state))
 
-        self._produce_kv(pipe, n_blocks, load_stage)
+            def load_v(j, state):
+                cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
+                          tma_bar_ptr=pipe_v.producer_get_barrier(state))
+
+            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                               load_k, load_v)
+            done += n_blocks
+            local += 1
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def produce_cp_async(self, pipe, q_bar, mQ, mK, mVt, sQ, sK, sV, m_block, head, batch,
-                         n_blocks, seqlen_k):
-        """A warpgroup: Q, then K_j and V_j, 16 bytes per cp.async into the same swizzled
-        stages; each thread arrives (noinc) when its copies land. Key rows past s_k are zeros
-        in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked to -inf."""
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
+                         heads, seqlen_q, seqlen_k):
+        """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
+        cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
+        land. Key rows past s_k
+        are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        gQ = mQ[(None, None, head, batch)]  # (s_q, d)
-        gK = mK[(None, None, head, batch)]  # (s_k, d)
-        gVt = mVt[(None, None, head, batch)]  # (d, s_k)
-        q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
-        k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
-        v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
-        cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
-        self.loader.commit(q_bar)
+        local = cutlass.Int32(0)
+        done = cutlass.Int32(0)
+        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+                                  unroll=1):
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
+            gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+            gK = mK[(None, None, head, batch)]  # (s_k, d)
+            gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+            q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+            k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
+            v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
+                                           WARPGROUP)
+            # traced once, within this iteration: the loop variables they read are this tile's
+            def load_q():
+                cpa.load_tile(q_part, m_block, 0, 0, gQ.shape,  # noqa: B023
+                              (cfg.block_m, cfg.head_dim))
+                self.loader.commit(q_full)
 
-        def load_stage(j, state):
-            cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
-            cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+            def load_k(j, state):
+                cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
+                              (cfg.block_n, cfg.head_dim))
 
-        self._produce_kv(pipe, n_blocks, load_stage)
+            def load_v(j, state):
+                cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
+                              (cfg.head_dim, cfg.block_n))
+
+            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                               load_k, load_v)
+            done += n_blocks
+            local += 1
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def _produce_kv(self, pipe, n_blocks, load_stage: cutlass.Constexpr):
-        """The K/V schedule, the same for every mechanism: for each key block take the next
-        empty stage, ``load_stage`` into it, commit (TMA: the bytes complete the barrier,
-        a no-op here; cp.async: each thread arrives when its copies land)."""
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.stages)
-        for j in cutlass.range(n_blocks, unroll=1):
-            pipe.producer_acquire(state)
-            load_stage(j, state)
-            pipe.producer_commit(state)
+    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, n_blocks,
+                      load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
+                      load_v: cutlass.Constexpr):
+        """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
+        need only a free stage, so they overlap the consumers' last blocks of the previous
+        tile), then Q once the consumers have finished reading the previous tile's (q empty),
+        then the remaining key blocks."""
+        first = cutlass.min(n_blocks, 1)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
+                         load_v)
+        if local > 0:
+            cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)
+        load_q()
+        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
+                         n_blocks, load_k, load_v)
+
+    @cute.jit
+    def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
+                    load_v: cutlass.Constexpr):
+        """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
+        ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
+        a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
+        ring position of block ``start`` (the same in both rings); the caller rebuilds its own
+        from counts (``_ring``)."""
+        for j in cutlass.range(start, stop, unroll=1):
+            pipe_k.producer_acquire(state)
+            load_k(j, state)
+            pipe_k.producer_commit(state)
+            pipe_v.producer_acquire(state)
+            load_v(j, state)
+            pipe_v.producer_commit(state)
             state.advance()
-        pipe.producer_tail(state)
+
+    def _ring(self, done, producer: bool = False):
+        """The pipeline state after ``done`` key blocks, rebuilt from that count at each
+        tile: a state advanced inside a helper's or a branch's staged loop does not reliably
+        come back out of it (the tracer rebuilds such objects), while a plain Int32 count
+        does. Producers start on phase 1 (every stage empty), consumers on 0."""
+        stages = self.cfg.stages
+        phase = (done // stages) % 2
+        if producer:
+            phase = 1 - phase
+        return pipeline.PipelineState(stages, done, done % stages, phase)
 
     @cute.jit
-    def consume(self, pipe, q_bar, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, m_block, head, batch,
-                n_blocks, seqlen_q, seqlen_k, scale_log2):
-        """A consumer warpgroup: its 64 query rows against every key block, online softmax."""
+    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
+                heads, seqlen_q, seqlen_k, scale_log2):
+        """A consumer warpgroup, per tile: its 64 query rows against every key block."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP
@@ -349,15 +455,13 @@ class FlashAttentionSm90:
         s_shape = qk_thr.partition_shape_C((cfg.block_m, cfg.block_n))
         o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
         acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
-        acc_o.fill(0.0)
         # set once, here: a field set inside a staged loop cannot be read after it
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
         row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
-        # this thread's rows and first column inside a tile (the WGMMA accumulator layout)
-        row0 = m_block * cfg.block_m + wg * 64 + warp_in_wg * 16 + lane // 4
+        # this thread's rows (in its tile) and first column inside a tile (the WGMMA
+        # accumulator layout)
+        row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
         col_in_tile = (lane % 4) * 2
         p_steps = cfg.block_n // 16
 
@@ -372,68 +476,88 @@ class FlashAttentionSm90:
         my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
         their_turn = pipeline.NamedBarrier(barrier_id=2 - wg, num_threads=2 * WARPGROUP)
 
-        cute.arch.mbarrier_wait(q_bar, 0)
-        if cutlass.const_expr(cfg.load == "cp_async"):
-            cute.arch.fence_view_async_shared()  # Q came through the generic proxy
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        if cutlass.const_expr(not cfg.overlap):
-            for j in cutlass.range(n_blocks, unroll=1):
-                self.loader.consumer_wait(pipe, read)
-                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
-                warpgroup.wait_group(0)
-                self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
-                self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                self._rescale(acc_o, correction)
-                tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe, read)
-                read.advance()
-        else:
-            if n_blocks > 0:
-                # the stage of block j - 1 (its V feeds this iteration's P V) is released one
-                # iteration behind the one being read
-                release = read.clone()
-                if cutlass.const_expr(cfg.pingpong):
-                    if wg == 1:
-                        their_turn.arrive()  # warpgroup 0 goes first
-                # block 0: S_0 and its softmax; its P V is issued with S_1
-                self.loader.consumer_wait(pipe, read)
-                if cutlass.const_expr(cfg.pingpong):
-                    my_turn.arrive_and_wait()
-                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
-                if cutlass.const_expr(cfg.pingpong):
-                    if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
-                        their_turn.arrive()
-                warpgroup.wait_group(0)
-                self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
-                self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                read.advance()
-                for j in cutlass.range(1, n_blocks, unroll=1):
-                    self.loader.consumer_wait(pipe, read)
-                    if cutlass.const_expr(cfg.pingpong):
-                        my_turn.arrive_and_wait()
-                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j = Q K_j^T ...
-                    self._rescale(acc_o, correction)  # ... while O takes block j-1's rescale
-                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # O += P_{j-1} V_{j-1}
-                    if cutlass.const_expr(cfg.pingpong):
-                        if (wg == 0) | (j < n_blocks - 1):
-                            their_turn.arrive()
-                    warpgroup.wait_group(1)  # S_j is in; P V may still run
+        local = cutlass.Int32(0)
+        done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
+        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+                                  unroll=1):
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
+            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+            row0 = m_block * cfg.block_m + row_in_block
+            read = self._ring(done)
+            acc_o.fill(0.0)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+            cute.arch.mbarrier_wait(q_full, local % 2)
+            if cutlass.const_expr(cfg.load == "cp_async"):
+                cute.arch.fence_view_async_shared()  # Q came through the generic proxy
+            if cutlass.const_expr(not cfg.overlap):
+                for j in cutlass.range(n_blocks, unroll=1):
+                    self.loader.consumer_wait(pipe_k, read)
+                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, read)
                     self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                     self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                    warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and stage j-1 are free
-                    self.loader.consumer_release(pipe, release)
-                    release.advance()
+                    self._rescale(acc_o, correction)
+                    tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                    self.loader.consumer_wait(pipe_v, read)
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_v, read)
+                    read.advance()
+            else:
+                if n_blocks > 0:
+                    # V_{j-1} (this iteration's P V) is waited for and released one iteration
+                    # behind K_j
+                    release = read.clone()
+                    if cutlass.const_expr(cfg.pingpong):
+                        if wg == 1:
+                            their_turn.arrive()  # warpgroup 0 goes first
+                    # block 0: S_0 and its softmax; its P V is issued with S_1
+                    self.loader.consumer_wait(pipe_k, read)
+                    if cutlass.const_expr(cfg.pingpong):
+                        my_turn.arrive_and_wait()
+                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                    if cutlass.const_expr(cfg.pingpong):
+                        if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
+                            their_turn.arrive()
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, read)
+                    self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
+                    self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                     tOrP_as_s.store(acc_s.load().to(mO.element_type))
                     read.advance()
-                self._rescale(acc_o, correction)
-                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe, release)
-        self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
-                       seqlen_q, scale_log2)
+                    for j in cutlass.range(1, n_blocks, unroll=1):
+                        self.loader.consumer_wait(pipe_k, read)
+                        if cutlass.const_expr(cfg.pingpong):
+                            my_turn.arrive_and_wait()
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j ...
+                        self._rescale(acc_o, correction)  # ... while O takes j-1's rescale
+                        self.loader.consumer_wait(pipe_v, release)
+                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
+                        if cutlass.const_expr(cfg.pingpong):
+                            if (wg == 0) | (j < n_blocks - 1):
+                                their_turn.arrive()
+                        warpgroup.wait_group(1)  # S_j is in; P V may still run
+                        self.loader.consumer_release(pipe_k, read)  # K_j is read
+                        self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                        self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                        warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
+                        self.loader.consumer_release(pipe_v, release)
+                        release.advance()
+                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                        read.advance()
+                    self._rescale(acc_o, correction)
+                    self.loader.consumer_wait(pipe_v, release)
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_v, release)
+            # every WGMMA that read Q has completed: the producer may load the next tile's
+            cute.arch.mbarrier_arrive(q_empty)
+            self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
+                           seqlen_q, scale_log2)
+            done += n_blocks
+            local += 1
 
     @cute.jit
     def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
