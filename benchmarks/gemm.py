@@ -32,7 +32,8 @@ SMALL_M = [dict(tile=(64, 128)), dict(tile=(64, 256))]
 LARGE_M = [dict(tile=(128, 256)), dict(tile=(128, 128))]
 MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
     "tma": [dict(load="tma", **t) for t in LARGE_M]
-    + [dict(load="tma", tile=(64, 256), schedule="pingpong")],
+    + [dict(load="tma", tile=(64, 256), schedule="pingpong"),
+       dict(load="tma", tile=(128, 128), schedule="pingpong")],
     "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))],
     "cp_async": [dict(load="cp_async", **t) for t in LARGE_M],
 }

@@ -15,6 +15,7 @@ VARIANTS = [
     dict(load="tma", cluster=(2, 2)), dict(load="cp_async"),
     dict(load="tma", schedule="pingpong"), dict(load="tma", schedule="pingpong", cluster=(2, 1)),
     dict(load="tma", schedule="pingpong", tile=(64, 256)),
+    dict(load="tma", schedule="pingpong", tile=(128, 128)),
     dict(load="tma", split_k=3), dict(load="cp_async", split_k=2),
     dict(load="cp_async", schedule="pingpong"),
 ]

@@ -66,7 +66,7 @@ def test_output_dtypes(out):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(tile_m=256), "tile_m"), (dict(tile_n=96), "tile_n"), (dict(tile_k=32), "tile_k"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
-    (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "tile_m must be 64"),
+    (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -15,7 +15,7 @@ Warp roles and the mainloop pipeline (``stages`` (full, empty) mbarrier pairs)::
                             swizzled stage, then arrive (noinc) on its full barrier.
                             setmaxnreg lowers its registers (it needs few).
     warpgroups 1..2         cooperative: each owns 64 rows of every tile; pingpong: each owns
-    consumers               whole 64-row tiles in turn (named turn barriers hand over the
+    consumers               whole tiles (64 or 128 rows) in turn (turn barriers hand over the
                             tensor cores). Wait full, WGMMA the k-tile, release the previous
                             stage (empty), keep one WGMMA group in flight; then the epilogue.
                             setmaxnreg raises their registers.
@@ -72,7 +72,8 @@ class GemmConfig:
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
     epi_n: int = 32  # epilogue sub-tile width
     # "cooperative": both consumer warpgroups share each tile (64 rows each);
-    # "pingpong": each owns whole 64-row tiles, alternately, so one's epilogue hides under
+    # "pingpong": each owns whole tiles (64 or 128 rows, at most 128x128 or 64x256 for its
+    # registers), alternately, so one's epilogue hides under
     # the other's WGMMAs (named barriers hand the tensor cores back and forth)
     schedule: str = "cooperative"
     # split-K: each output tile's K range is cut into this many slices, each a work tile of
@@ -97,12 +98,11 @@ class GemmConfig:
             raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: at least 1")
-        if self.schedule == "pingpong" and self.tile_m != 64:
-            # 128-row tiles per warpgroup (two m64 WGMMA rows) gave wrong results on the H200
-            # (2026-11-30). The cause, the epilogue's flat accumulator indexing, is fixed
-            # (epilogue_order, checked on the host); refused until a GPU run confirms it
-            # (branch wip/gemm-pingpong-128 lifts this and adds the GPU test)
-            raise ValueError("pingpong gives each warpgroup whole 64-row tiles: tile_m must be 64")
+        if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
+            # one warpgroup holds the whole tile's fp32 accumulator: 128 x 256 would be 256
+            # registers a thread, past setmaxnreg's 240
+            raise ValueError(f"pingpong gives one warpgroup the whole {self.tile_m}x"
+                             f"{self.tile_n} accumulator: at most 128x128 (or 64x256)")
 
     @property
     def pingpong(self) -> bool:
