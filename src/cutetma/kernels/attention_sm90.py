@@ -193,8 +193,8 @@ class FlashAttentionSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
-        tiles = cute.ceil_div(mQ.shape[0], cfg.block_m) * mQ.shape[2] * mQ.shape[3]
-        grid = (cutlass.min(tiles, sm_count) if cutlass.const_expr(cfg.persistent) else tiles,
+        items = self._work_items(mQ.shape[0], mQ.shape[2], mQ.shape[3])
+        grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
                 1, 1)
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
                     pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
@@ -262,36 +262,71 @@ class FlashAttentionSm90:
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         seqlen_q, heads = mO.shape[0], mO.shape[2]
-        tiles = cute.ceil_div(seqlen_q, cfg.block_m) * heads * mO.shape[3]
+        items = self._work_items(seqlen_q, heads, mO.shape[3])
         producer_regs, consumer_regs = REGISTERS[cfg.load]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
-                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, tiles, heads, seqlen_q,
+                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, items, heads, seqlen_q,
                                  seqlen_k)
             else:
                 self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                                      tiles, heads, seqlen_q, seqlen_k)
+                                      items, heads, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
-                         tiles, heads, seqlen_q, seqlen_k, scale_log2)
+                         items, heads, seqlen_q, seqlen_k, scale_log2)
+
+    @property
+    def _paired(self) -> bool:
+        """Causal + persistent: a work item is two query blocks of one head, M-1-i and i."""
+        return self.cfg.causal and self.cfg.persistent
 
     @cute.jit
-    def _tile_coords(self, tile, seqlen_q, heads):
-        """The work tiles, (query block, head, batch), are numbered with the query block
-        fastest, so the CTAs in flight share one head's K/V in L2. A CTA takes tiles
-        ``blockIdx, blockIdx + gridDim, ...``: a grid of every tile gives each CTA one; the
-        persistent grid (one CTA per SM) walks them round robin. Causal: a head's query blocks
-        are numbered from the last (which sees the most keys), so long tiles go first and
-        short ones fill the end. Returns (m_block, head, batch)."""
+    def _work_items(self, seqlen_q, heads, batch):
+        """How many work items the CTAs share (a CTA takes ``blockIdx, blockIdx + gridDim,
+        ...``): every (query block, head, batch) tile, or (``_paired``) every pair of them."""
         m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
-        m_block = tile % m_blocks
-        if cutlass.const_expr(self.cfg.causal):
+        if cutlass.const_expr(self._paired):
+            m_blocks = (m_blocks + 1) // 2
+        return m_blocks * heads * batch
+
+    @cute.jit
+    def _item_tiles(self, item, seqlen_q):
+        """Tiles in work item ``item``: 1, or (``_paired``) 2, except a head's middle query
+        block when it has an odd number of them, which is an item alone."""
+        count = 1
+        if cutlass.const_expr(self._paired):
+            m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
+            i = item % ((m_blocks + 1) // 2)
+            if m_blocks - 1 - i != i:
+                count = 2
+        return count
+
+    @cute.jit
+    def _tile_coords(self, item, half, seqlen_q, heads):
+        """Tile ``half`` (0 or 1) of work item ``item`` as (m_block, head, batch).
+
+        Query blocks are numbered fastest, so the CTAs in flight share one head's K/V in L2.
+        Not causal: an item is one tile. Causal, one CTA per tile: a head's query blocks from
+        the last (which sees the most keys), so long tiles start first and the hardware fills
+        the end with short ones. Causal, persistent: a static round robin cannot fill in like
+        that (numbered per head, one CTA got the long blocks of every head it visited, the
+        next the short ones: 1.45x slower at 16k tokens, H200), so an item pairs query blocks
+        M-1-i and i of one head; each pair costs the same M+1 key-block rows, and every CTA
+        gets the same work up to one item."""
+        m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
+        m_block = item % m_blocks
+        head_batch = item // m_blocks
+        if cutlass.const_expr(self._paired):
+            pairs = (m_blocks + 1) // 2
+            i = item % pairs
+            m_block = m_blocks - 1 - i - half * (m_blocks - 1 - 2 * i)  # half 1: block i
+            head_batch = item // pairs
+        elif cutlass.const_expr(self.cfg.causal):
             m_block = m_blocks - 1 - m_block
-        head_batch = tile // m_blocks
         return m_block, head_batch % heads, head_batch // heads
 
     @cute.jit
@@ -307,7 +342,7 @@ class FlashAttentionSm90:
 
     @cute.jit
     def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
-                mV_tma, sQ, sK, sV, tiles, heads, seqlen_q, seqlen_k):
+                mV_tma, sQ, sK, sV, items, heads, seqlen_q, seqlen_k):
         """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
         (the ring runs on across tiles), in ``_produce_tile``'s order."""
         cfg = self.cfg
@@ -315,42 +350,43 @@ class FlashAttentionSm90:
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
         local = cutlass.Int32(0)  # tiles this CTA has done
         done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
-        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
                                   unroll=1):
-            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
-            gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
-                                 (m_block, 0))
-            gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
-                                 (None, 0))
-            gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
-                                 (0, None))
-            _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
-            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
-            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
-            # traced once, within this iteration: the loop variables they read are this tile's
-            def load_q():
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
-                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
+            for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
+                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
+                gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
+                                     (m_block, 0))
+                gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
+                                     (None, 0))
+                gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
+                                     (0, None))
+                _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+                tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+                tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+                # traced once, within this iteration: the loop variables they read are this tile's
+                def load_q():
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
 
-            def load_k(j, state):
-                cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
-                          tma_bar_ptr=pipe_k.producer_get_barrier(state))
+                def load_k(j, state):
+                    cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
+                              tma_bar_ptr=pipe_k.producer_get_barrier(state))
 
-            def load_v(j, state):
-                cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
-                          tma_bar_ptr=pipe_v.producer_get_barrier(state))
+                def load_v(j, state):
+                    cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
+                              tma_bar_ptr=pipe_v.producer_get_barrier(state))
 
-            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
-                               load_k, load_v)
-            done += n_blocks
-            local += 1
+                n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                                   load_k, load_v)
+                done += n_blocks
+                local += 1
         pipe_k.producer_tail(self._ring(done, producer=True))
         pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, tiles,
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
                          heads, seqlen_q, seqlen_k):
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
@@ -360,35 +396,36 @@ class FlashAttentionSm90:
         tidx, _, _ = cute.arch.thread_idx()
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)
-        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
                                   unroll=1):
-            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
-            gQ = mQ[(None, None, head, batch)]  # (s_q, d)
-            gK = mK[(None, None, head, batch)]  # (s_k, d)
-            gVt = mVt[(None, None, head, batch)]  # (d, s_k)
-            q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
-            k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
-            v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
-                                           WARPGROUP)
-            # traced once, within this iteration: the loop variables they read are this tile's
-            def load_q():
-                cpa.load_tile(q_part, m_block, 0, 0, gQ.shape,  # noqa: B023
-                              (cfg.block_m, cfg.head_dim))
-                self.loader.commit(q_full)
+            for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
+                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
+                gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+                gK = mK[(None, None, head, batch)]  # (s_k, d)
+                gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+                q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+                k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
+                v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
+                                               WARPGROUP)
+                # traced once, within this iteration: the loop variables they read are this tile's
+                def load_q():
+                    cpa.load_tile(q_part, m_block, 0, 0, gQ.shape,  # noqa: B023
+                                  (cfg.block_m, cfg.head_dim))
+                    self.loader.commit(q_full)
 
-            def load_k(j, state):
-                cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
-                              (cfg.block_n, cfg.head_dim))
+                def load_k(j, state):
+                    cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
+                                  (cfg.block_n, cfg.head_dim))
 
-            def load_v(j, state):
-                cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
-                              (cfg.head_dim, cfg.block_n))
+                def load_v(j, state):
+                    cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
+                                  (cfg.head_dim, cfg.block_n))
 
-            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
-                               load_k, load_v)
-            done += n_blocks
-            local += 1
+                n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                                   load_k, load_v)
+                done += n_blocks
+                local += 1
         pipe_k.producer_tail(self._ring(done, producer=True))
         pipe_v.producer_tail(self._ring(done, producer=True))
 
@@ -438,7 +475,7 @@ class FlashAttentionSm90:
         return pipeline.PipelineState(stages, done, done % stages, phase)
 
     @cute.jit
-    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, tiles,
+    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, items,
                 heads, seqlen_q, seqlen_k, scale_log2):
         """A consumer warpgroup, per tile: its 64 query rows against every key block."""
         cfg = self.cfg
@@ -478,86 +515,87 @@ class FlashAttentionSm90:
 
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
-        for tile in cutlass.range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0],
+        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
                                   unroll=1):
-            m_block, head, batch = self._tile_coords(tile, seqlen_q, heads)
-            n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-            row0 = m_block * cfg.block_m + row_in_block
-            read = self._ring(done)
-            acc_o.fill(0.0)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
-            cute.arch.mbarrier_wait(q_full, local % 2)
-            if cutlass.const_expr(cfg.load == "cp_async"):
-                cute.arch.fence_view_async_shared()  # Q came through the generic proxy
-            if cutlass.const_expr(not cfg.overlap):
-                for j in cutlass.range(n_blocks, unroll=1):
-                    self.loader.consumer_wait(pipe_k, read)
-                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_k, read)
-                    self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
-                    self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                    self._rescale(acc_o, correction)
-                    tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                    self.loader.consumer_wait(pipe_v, read)
-                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_v, read)
-                    read.advance()
-            else:
-                if n_blocks > 0:
-                    # V_{j-1} (this iteration's P V) is waited for and released one iteration
-                    # behind K_j
-                    release = read.clone()
-                    if cutlass.const_expr(cfg.pingpong):
-                        if wg == 1:
-                            their_turn.arrive()  # warpgroup 0 goes first
-                    # block 0: S_0 and its softmax; its P V is issued with S_1
-                    self.loader.consumer_wait(pipe_k, read)
-                    if cutlass.const_expr(cfg.pingpong):
-                        my_turn.arrive_and_wait()
-                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
-                    if cutlass.const_expr(cfg.pingpong):
-                        if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
-                            their_turn.arrive()
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_k, read)
-                    self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
-                    self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                    tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                    read.advance()
-                    for j in cutlass.range(1, n_blocks, unroll=1):
+            for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
+                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
+                n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
+                row0 = m_block * cfg.block_m + row_in_block
+                read = self._ring(done)
+                acc_o.fill(0.0)
+                row_max.fill(-cutlass.Float32.inf)
+                row_sum.fill(0.0)
+                cute.arch.mbarrier_wait(q_full, local % 2)
+                if cutlass.const_expr(cfg.load == "cp_async"):
+                    cute.arch.fence_view_async_shared()  # Q came through the generic proxy
+                if cutlass.const_expr(not cfg.overlap):
+                    for j in cutlass.range(n_blocks, unroll=1):
+                        self.loader.consumer_wait(pipe_k, read)
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_k, read)
+                        self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                        self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                        self._rescale(acc_o, correction)
+                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                        self.loader.consumer_wait(pipe_v, read)
+                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_v, read)
+                        read.advance()
+                else:
+                    if n_blocks > 0:
+                        # V_{j-1} (this iteration's P V) is waited for and released one iteration
+                        # behind K_j
+                        release = read.clone()
+                        if cutlass.const_expr(cfg.pingpong):
+                            if wg == 1:
+                                their_turn.arrive()  # warpgroup 0 goes first
+                        # block 0: S_0 and its softmax; its P V is issued with S_1
                         self.loader.consumer_wait(pipe_k, read)
                         if cutlass.const_expr(cfg.pingpong):
                             my_turn.arrive_and_wait()
-                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j ...
-                        self._rescale(acc_o, correction)  # ... while O takes j-1's rescale
-                        self.loader.consumer_wait(pipe_v, release)
-                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
                         if cutlass.const_expr(cfg.pingpong):
-                            if (wg == 0) | (j < n_blocks - 1):
+                            if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
                                 their_turn.arrive()
-                        warpgroup.wait_group(1)  # S_j is in; P V may still run
-                        self.loader.consumer_release(pipe_k, read)  # K_j is read
-                        self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_k, read)
+                        self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                        warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
-                        self.loader.consumer_release(pipe_v, release)
-                        release.advance()
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         read.advance()
-                    self._rescale(acc_o, correction)
-                    self.loader.consumer_wait(pipe_v, release)
-                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_v, release)
-            # every WGMMA that read Q has completed: the producer may load the next tile's
-            cute.arch.mbarrier_arrive(q_empty)
-            self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
-                           seqlen_q, scale_log2)
-            done += n_blocks
-            local += 1
+                        for j in cutlass.range(1, n_blocks, unroll=1):
+                            self.loader.consumer_wait(pipe_k, read)
+                            if cutlass.const_expr(cfg.pingpong):
+                                my_turn.arrive_and_wait()
+                            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j ...
+                            self._rescale(acc_o, correction)  # ... while O takes j-1's rescale
+                            self.loader.consumer_wait(pipe_v, release)
+                            self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
+                            if cutlass.const_expr(cfg.pingpong):
+                                if (wg == 0) | (j < n_blocks - 1):
+                                    their_turn.arrive()
+                            warpgroup.wait_group(1)  # S_j is in; P V may still run
+                            self.loader.consumer_release(pipe_k, read)  # K_j is read
+                            self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                            self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                            warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
+                            self.loader.consumer_release(pipe_v, release)
+                            release.advance()
+                            tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                            read.advance()
+                        self._rescale(acc_o, correction)
+                        self.loader.consumer_wait(pipe_v, release)
+                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_v, release)
+                # every WGMMA that read Q has completed: the producer may load the next tile's
+                cute.arch.mbarrier_arrive(q_empty)
+                self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
+                               seqlen_q, scale_log2)
+                done += n_blocks
+                local += 1
 
     @cute.jit
     def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
