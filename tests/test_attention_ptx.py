@@ -226,17 +226,23 @@ def test_benchmark_summary_and_replot(tmp_path):
 def _walk(cfg, seqlen_q, heads, batch, grid):
     """The kernel's own work-item functions, run as plain Python: each CTA's work items under
     the persistent round robin (or one item per CTA), an item being its (m_block, head,
-    batch) tiles in the order the CTA runs them."""
+    batch) tiles in the order the CTA runs them. (Inside ``dsl.on_host``: with plain ints the
+    arithmetic is Python's, but the DSL wants its context around it.)"""
+    from cutetma import dsl
     from cutetma.kernels.attention_sm90 import FlashAttentionSm90 as F
 
     att = F(cfg)
-    items = F._work_items.__wrapped__(att, seqlen_q, heads, batch)
-    per_cta = [[] for _ in range(min(grid, items) if cfg.persistent else items)]
-    for item in range(items):
-        per_cta[item % len(per_cta)].append(
-            [F._tile_coords.__wrapped__(att, item, half, seqlen_q, heads)
-             for half in range(F._item_tiles.__wrapped__(att, item, seqlen_q))])
-    return per_cta
+
+    def build():
+        items = F._work_items.__wrapped__(att, seqlen_q, heads, batch)
+        per_cta = [[] for _ in range(min(grid, items) if cfg.persistent else items)]
+        for item in range(items):
+            per_cta[item % len(per_cta)].append(
+                [F._tile_coords.__wrapped__(att, item, half, seqlen_q, heads)
+                 for half in range(F._item_tiles.__wrapped__(att, item, seqlen_q))])
+        return per_cta
+
+    return dsl.on_host(build)
 
 
 def _key_block_rows(cta):

@@ -297,13 +297,11 @@ class FlashAttentionSm90:
     def _item_tiles(self, item, seqlen_q):
         """Tiles in work item ``item``: 1, or (``_paired``) 2, except a head's middle query
         block when it has an odd number of them, which is an item alone."""
-        count = 1
-        if cutlass.const_expr(self._paired):
-            m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
-            i = item % ((m_blocks + 1) // 2)
-            if m_blocks - 1 - i != i:
-                count = 2
-        return count
+        if cutlass.const_expr(not self._paired):
+            return 1
+        m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
+        i = item % ((m_blocks + 1) // 2)
+        return 1 + cutlass.min(m_blocks - 1 - 2 * i, 1)  # M-1-i > i, else the lone middle
 
     @cute.jit
     def _tile_coords(self, item, half, seqlen_q, heads):
