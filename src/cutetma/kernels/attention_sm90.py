@@ -72,15 +72,20 @@ REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 SCHEDULES = ("serial", "overlap", "pingpong")
 # The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
 # (H200, fp16, 16k tokens, s = 512..16k), as the geometric mean over the six sequence
-# lengths in each of two runs (16:37 and 16:42 UTC, 2026-11-30; the second is
-# benchmarks/results/attention.json; single cells move by up to ~9% between runs):
-#   d = 64:   pingpong / overlap 1.11, 1.11 (non-causal); 1.04, 1.02 (causal)
-#   d = 128:  pingpong / overlap 1.02, 1.00 (non-causal: a tie); 0.94, 0.93 (causal)
-#   d = 256:  pingpong / serial 0.70, 0.72; overlap / serial 0.65, 0.66: an overlapped
-#             iteration held both 64 KiB stages, so the producer could not run ahead
-#             (measured with one K+V ring; separate K and V rings are meant to lift this:
-#             to be re-measured)
-BEST_SCHEDULE = {(64, False): "pingpong", (64, True): "pingpong", (128, False): "pingpong",
+# lengths, relative to serial, in each of two runs of the persistent kernel with separate K
+# and V rings (18:02 and 18:21 UTC, 2026-11-30; single cells move by up to ~9% between runs):
+#   d = 64:   overlap 0.99, 0.99, pingpong 0.96, 0.97 (non-causal); overlap 1.04, 1.02,
+#             pingpong 1.01, 0.97 (causal)
+#   d = 128:  overlap 1.00, 1.00, pingpong 0.97, 0.98 (non-causal); overlap 1.04, 1.01,
+#             pingpong 1.02, 0.97 (causal)
+#   d = 256:  overlap 0.97, 0.97, pingpong 0.98, 0.98 (non-causal); overlap 1.00, 0.97,
+#             pingpong 0.99, 0.96 (causal)
+# With one CTA per tile and one K+V ring (session 2) pingpong had led for d = 64 (1.11x) and
+# overlap had lost 1.4x at d = 256 (both 64 KiB stages held). Not profiled; our reading is
+# that the two warpgroups already hide each other's softmax once the producer can run ahead
+# (split rings) and tiles follow without a launch. Serial is the default wherever the
+# overlap does not measurably win.
+BEST_SCHEDULE = {(64, False): "serial", (64, True): "overlap", (128, False): "serial",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
 
@@ -151,7 +156,7 @@ class FlashAttentionSm90:
         registers fill the register file)."""
         cfg = self.cfg
         dtype = mQ.element_type
-        mQ, mK, mV = (self._aligned_strides(x) for x in (mQ, mK, mV))
+        mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
         mK = self._broadcast_heads(mK, group)
@@ -294,6 +299,16 @@ class FlashAttentionSm90:
         return m_blocks * heads * batch
 
     @cute.jit
+    def _my_item_count(self, items):
+        """How many work items this CTA runs: ``blockIdx, blockIdx + gridDim, ...`` below
+        ``items`` (persistent), or 1, a constant, so that one CTA per item compiles to
+        straight-line code with no tile loop (the loop's extra live values cost ptxas the
+        registers it needs to keep the WGMMAs asynchronous for bf16, d = 128, C7512)."""
+        if cutlass.const_expr(not self.cfg.persistent):
+            return 1
+        return cute.ceil_div(items - cute.arch.block_idx()[0], cute.arch.grid_dim()[0])
+
+    @cute.jit
     def _item_tiles(self, item, seqlen_q):
         """Tiles in work item ``item``: 1, or (``_paired``) 2, except a head's middle query
         block when it has an odd number of them, which is an item alone."""
@@ -348,8 +363,8 @@ class FlashAttentionSm90:
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
         local = cutlass.Int32(0)  # tiles this CTA has done
         done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
-        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
-                                  unroll=1):
+        for k in cutlass.range(self._my_item_count(items), unroll=1):
+            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
                 m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
                 gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
@@ -394,8 +409,8 @@ class FlashAttentionSm90:
         tidx, _, _ = cute.arch.thread_idx()
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)
-        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
-                                  unroll=1):
+        for k in cutlass.range(self._my_item_count(items), unroll=1):
+            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
                 m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
                 gQ = mQ[(None, None, head, batch)]  # (s_q, d)
@@ -489,23 +504,14 @@ class FlashAttentionSm90:
         tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
         s_shape = qk_thr.partition_shape_C((cfg.block_m, cfg.block_n))
         o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
-        acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
         # set once, here: a field set inside a staged loop cannot be read after it
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
-        row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
         # this thread's rows (in its tile) and first column inside a tile (the WGMMA
         # accumulator layout)
         row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
         col_in_tile = (lane % 4) * 2
         p_steps = cfg.block_n // 16
 
-        acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale, rows r, r+8
-        # P, converted element by element, is the A operand of P V (see the docstring)
-        tOrP = cute.make_rmem_tensor(
-            cute.make_layout(((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
-        tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
         # signals the other's (the ids 1, 2 are this kernel's only named barriers)
         my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
@@ -513,16 +519,28 @@ class FlashAttentionSm90:
 
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
-        for item in cutlass.range(cute.arch.block_idx()[0], items, cute.arch.grid_dim()[0],
-                                  unroll=1):
+        for k in cutlass.range(self._my_item_count(items), unroll=1):
+            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
                 m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
                 n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
                 row0 = m_block * cfg.block_m + row_in_block
                 read = self._ring(done)
+                # the register tensors are made here, per tile: made before the loop they
+                # would be carried around it (loop values), and that extra register pressure
+                # made ptxas serialize the WGMMAs (C7512) for bf16, d = 128
+                acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
                 acc_o.fill(0.0)
+                row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
                 row_max.fill(-cutlass.Float32.inf)
+                row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
                 row_sum.fill(0.0)
+                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale
+                # P, converted element by element, is the A operand of P V (see the docstring)
+                tOrP = cute.make_rmem_tensor(cute.make_layout(
+                    ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
+                tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
                 cute.arch.mbarrier_wait(q_full, local % 2)
                 if cutlass.const_expr(cfg.load == "cp_async"):
                     cute.arch.fence_view_async_shared()  # Q came through the generic proxy
@@ -671,6 +689,7 @@ class FlashAttentionSm90:
                   seqlen_q, scale_log2):
         """O /= rowsum, LSE = max * scale + ln(rowsum); plain stores (a TMA-store epilogue is
         on the list)."""
+        cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         for r in cutlass.range_constexpr(2):
             total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
@@ -679,10 +698,17 @@ class FlashAttentionSm90:
                 inv = 1.0 / total
             row = row0 + 8 * r
             if row < seqlen_q:
-                for i in cutlass.range_constexpr(cute.size(acc_o)):
+                # a thread holds columns c, c + 1 of each 8: one 4-byte store per pair
+                # (element stores here left ptxas too few registers to keep the WGMMAs
+                # asynchronous for bf16, d = 128, once the kernel became persistent)
+                o_row = cute.zipped_divide(cute.local_tile(
+                    mO[(row, None, head, batch)], (cfg.head_dim,), (0,)), (2,))
+                for i in cutlass.range_constexpr(0, cute.size(acc_o), 2):
                     if cutlass.const_expr((i // 2) % 2 == r):
-                        col = col_in_tile + (i // 4) * 8 + i % 2
-                        mO[row, col, head, batch] = (acc_o[i] * inv).to(mO.element_type)
+                        pair = cute.make_rmem_tensor((2,), mO.element_type)
+                        pair[0] = (acc_o[i] * inv).to(mO.element_type)
+                        pair[1] = (acc_o[i + 1] * inv).to(mO.element_type)
+                        cute.autovec_copy(pair, o_row[(None, (col_in_tile + (i // 4) * 8) // 2)])
                 if tidx % 4 == 0:
                     lse = -cutlass.Float32.inf
                     if total > 0.0:
