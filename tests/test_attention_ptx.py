@@ -65,9 +65,9 @@ def test_schedule_shows_in_the_ptx(schedule):
 
 
 def test_default_schedule_is_the_measured_best():
-    assert AttentionConfig(head_dim=128).schedule == "serial"
+    assert AttentionConfig(head_dim=128).schedule == "overlap"
     assert AttentionConfig(head_dim=128, causal=True).schedule == "overlap"
-    assert AttentionConfig(head_dim=64, causal=True).schedule == "overlap"
+    assert AttentionConfig(head_dim=64, causal=True).schedule == "pingpong"
     assert AttentionConfig(head_dim=256).schedule == "serial"
     assert AttentionConfig(head_dim=64, schedule="serial").schedule == "serial"
 

@@ -71,21 +71,17 @@ LOG2_E = 1.4426950408889634
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 SCHEDULES = ("serial", "overlap", "pingpong")
 # The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
-# (H200, fp16, 16k tokens, s = 512..16k), as the geometric mean over the six sequence
-# lengths, relative to serial, in each of two runs of the persistent kernel with separate K
-# and V rings (18:02 and 18:21 UTC, 2026-11-30; single cells move by up to ~9% between runs):
-#   d = 64:   overlap 0.99, 0.99, pingpong 0.96, 0.97 (non-causal); overlap 1.04, 1.02,
-#             pingpong 1.01, 0.97 (causal)
-#   d = 128:  overlap 1.00, 1.00, pingpong 0.97, 0.98 (non-causal); overlap 1.04, 1.01,
-#             pingpong 1.02, 0.97 (causal)
-#   d = 256:  overlap 0.97, 0.97, pingpong 0.98, 0.98 (non-causal); overlap 1.00, 0.97,
-#             pingpong 0.99, 0.96 (causal)
-# With one CTA per tile and one K+V ring (session 2) pingpong had led for d = 64 (1.11x) and
-# overlap had lost 1.4x at d = 256 (both 64 KiB stages held). Not profiled; our reading is
-# that the two warpgroups already hide each other's softmax once the producer can run ahead
-# (split rings) and tiles follow without a launch. Serial is the default wherever the
-# overlap does not measurably win.
-BEST_SCHEDULE = {(64, False): "serial", (64, True): "overlap", (128, False): "serial",
+# (H200, fp16, 16k tokens, s = 512..16k): the geometric mean over the six sequence lengths,
+# relative to serial, with this kernel build (persistent, split K/V rings, count-based tile
+# loop; run of 18:40 UTC, 2026-11-30; single cells move by up to ~9% between runs):
+#   d = 64:   overlap 1.02, pingpong 1.00 (non-causal); overlap 1.04, pingpong 1.06 (causal)
+#   d = 128:  overlap 1.11, pingpong 1.06 (non-causal); overlap 1.04, pingpong 0.98 (causal)
+#   d = 256:  overlap 0.96, pingpong 0.96 (non-causal); overlap 0.99, pingpong 0.99 (causal)
+# The ranking follows ptxas's register allocation as much as the schedule: the build before
+# (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
+# one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
+# lost 1.4x at d = 256. Re-measure after any change to the consumer.
+BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
 
