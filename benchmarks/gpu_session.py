@@ -8,13 +8,13 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-The next session's first call: merge branches wip/attention-persistent (persistent attention)
-and wip/gemm-pingpong-128 (128x128 pingpong GEMM), neither run on a GPU yet, then the call
-below; a second call with wip/attention-split-kv (separate K and V rings, on top of the
-persistent branch) merged, to see whether overlap now wins at d = 256::
+Session 3's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``)::
 
     source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests attention_bench \
-        gemm_bench --test-timeout 60 --pytest tests/test_attention_gpu.py tests/test_gemm_gpu.py
+        --test-timeout 60 --tests-budget 150 --pytest tests/test_attention_gpu.py
+
+(about 4.5 minutes: 43 GPU tests, then the 72-cell attention grid with its ablations). The
+GEMM grid (``gemm_bench``) needs about 5 minutes on its own: give it its own call.
 """
 
 from __future__ import annotations

@@ -44,7 +44,10 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
 a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
-registers, 168 x 384 threads, allow no second) walks the (query block, head, batch) tiles.
+registers, 168 x 384 threads, allow no second) walks the work items round robin: a
+(query block, head, batch) tile, or, causal, query blocks M-1-i and i of one head, so every
+item costs the same key blocks (``_tile_coords``). Register pressure is at the edge: check
+ptxas (C7512, spills) after any change to the consumer (tests/test_attention_ptx.py does).
 Not yet here (FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
 """
 
