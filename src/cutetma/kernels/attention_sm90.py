@@ -360,42 +360,35 @@ class FlashAttentionSm90:
         cfg = self.cfg
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
-        local = cutlass.Int32(0)  # tiles this CTA has done
-        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
-        for k in cutlass.range(self._my_item_count(items), unroll=1):
-            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
-            for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
-                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
-                gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
-                                     (m_block, 0))
-                gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
-                                     (None, 0))
-                gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
-                                     (0, None))
-                _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
-                tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
-                tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
-                # traced once, within this iteration: the loop variables they read are this tile's
-                def load_q():
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
-                    cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)  # noqa: B023
 
-                def load_k(j, state):
-                    cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],  # noqa: B023
-                              tma_bar_ptr=pipe_k.producer_get_barrier(state))
+        def tile_loaders(m_block, head, batch):
+            gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
+                                 (m_block, 0))
+            gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
+                                 (None, 0))
+            gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
+                                 (0, None))
+            _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
 
-                def load_v(j, state):
-                    cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],  # noqa: B023
-                              tma_bar_ptr=pipe_v.producer_get_barrier(state))
+            def load_q():
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)
 
-                n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
-                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
-                                   load_k, load_v)
-                done += n_blocks
-                local += 1
-        pipe_k.producer_tail(self._ring(done, producer=True))
-        pipe_v.producer_tail(self._ring(done, producer=True))
+            def load_k(j, state):
+                cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(state))
+
+            def load_v(j, state):
+                cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(state))
+
+            return load_q, load_k, load_v
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                           tile_loaders)
 
     @cute.jit
     def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
@@ -406,33 +399,44 @@ class FlashAttentionSm90:
         are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
-        local = cutlass.Int32(0)
-        done = cutlass.Int32(0)
+
+        def tile_loaders(m_block, head, batch):
+            gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+            gK = mK[(None, None, head, batch)]  # (s_k, d)
+            gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+            q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+            k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
+            v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
+
+            def load_q():
+                cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
+                self.loader.commit(q_full)
+
+            def load_k(j, state):
+                cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
+
+            def load_v(j, state):
+                cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+
+            return load_q, load_k, load_v
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                           tile_loaders)
+
+    @cute.jit
+    def _produce_walk(self, pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                      tile_loaders: cutlass.Constexpr):
+        """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
+        head, batch)`` gives that tile's (load_q, load_k, load_v), traced once inside the
+        iteration, so what they capture is this tile's; the ring position is carried as a
+        plain count of key blocks (``_ring``), then the rings' tails."""
+        local = cutlass.Int32(0)  # tiles this CTA has done
+        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
         for k in cutlass.range(self._my_item_count(items), unroll=1):
             item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
                 m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
-                gQ = mQ[(None, None, head, batch)]  # (s_q, d)
-                gK = mK[(None, None, head, batch)]  # (s_k, d)
-                gVt = mVt[(None, None, head, batch)]  # (d, s_k)
-                q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
-                k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
-                v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
-                                               WARPGROUP)
-                # traced once, within this iteration: the loop variables they read are this tile's
-                def load_q():
-                    cpa.load_tile(q_part, m_block, 0, 0, gQ.shape,  # noqa: B023
-                                  (cfg.block_m, cfg.head_dim))
-                    self.loader.commit(q_full)
-
-                def load_k(j, state):
-                    cpa.load_tile(k_part, j, 0, state.index, gK.shape,  # noqa: B023
-                                  (cfg.block_n, cfg.head_dim))
-
-                def load_v(j, state):
-                    cpa.load_tile(v_part, 0, j, state.index, gVt.shape,  # noqa: B023
-                                  (cfg.head_dim, cfg.block_n))
-
+                load_q, load_k, load_v = tile_loaders(m_block, head, batch)
                 n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
                                    load_k, load_v)
