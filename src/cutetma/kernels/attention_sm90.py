@@ -529,9 +529,10 @@ class FlashAttentionSm90:
                 n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
                 row0 = m_block * cfg.block_m + row_in_block
                 read = self._ring(done)
-                # the register tensors are made here, per tile: made before the loop they
-                # would be carried around it (loop values), and that extra register pressure
-                # made ptxas serialize the WGMMAs (C7512) for bf16, d = 128
+                # the register tensors are made per tile: nothing in them lives from one tile
+                # to the next, so they need not be values carried around the tile loop (this
+                # alone did not lift the C7512 of bf16, d = 128; the loop's form did, see
+                # _my_item_count)
                 acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
                 acc_o.fill(0.0)
                 row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
