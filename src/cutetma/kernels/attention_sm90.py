@@ -155,6 +155,8 @@ class FlashAttentionSm90:
         registers fill the register file)."""
         cfg = self.cfg
         dtype = mQ.element_type
+        # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
+        # its strides are as aligned as Q's (the epilogue's 4-byte pair stores rely on it)
         mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
