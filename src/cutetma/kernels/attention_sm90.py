@@ -556,6 +556,7 @@ class FlashAttentionSm90:
                         self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
+                        self._release_q_after(j, n_blocks, q_empty)
                         self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                         self._rescale(acc_o, correction)
@@ -583,6 +584,7 @@ class FlashAttentionSm90:
                                 their_turn.arrive()
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
+                        self._release_q_after(0, n_blocks, q_empty)
                         self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
@@ -600,6 +602,7 @@ class FlashAttentionSm90:
                                     their_turn.arrive()
                             warpgroup.wait_group(1)  # S_j is in; P V may still run
                             self.loader.consumer_release(pipe_k, read)  # K_j is read
+                            self._release_q_after(j, n_blocks, q_empty)
                             self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                             self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                             warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
@@ -612,12 +615,21 @@ class FlashAttentionSm90:
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_v, release)
-                # every WGMMA that read Q has completed: the producer may load the next tile's
-                cute.arch.mbarrier_arrive(q_empty)
+                if n_blocks == 0:  # no Q K^T read Q: free it for the next tile's all the same
+                    cute.arch.mbarrier_arrive(q_empty)
                 self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
                                seqlen_q, scale_log2)
                 done += n_blocks
                 local += 1
+
+    @cute.jit
+    def _release_q_after(self, j, n_blocks, q_empty):
+        """Once the tile's last Q K^T (block j = n_blocks - 1) has completed, Q is read: arrive
+        on q empty there, not after the tile, so the next tile's Q loads under this tile's
+        last softmax, P V and epilogue (a TMA load's latency, about a microsecond, is
+        otherwise exposed at every tile start: 4 key blocks per tile at s = 512)."""
+        if j == n_blocks - 1:
+            cute.arch.mbarrier_arrive(q_empty)
 
     @cute.jit
     def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
