@@ -11,8 +11,10 @@ output first; a wrong or unsupported configuration becomes a row with an error.
 ``tma`` / ``cp_async`` use the default consumer schedule for the head dim and mask
 (``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
-intra-warpgroup overlap and pingpong, from which those defaults were chosen; and every row the
-default with one CTA per tile instead of the persistent grid (``tma_one_cta_per_tile``).
+intra-warpgroup overlap and pingpong, from which those defaults were chosen, and, where
+``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``);
+and every row the default with one CTA per tile instead of the persistent grid
+(``tma_one_cta_per_tile``).
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
 
@@ -31,6 +33,9 @@ from gemm import bench, progress  # noqa: E402
 TOKENS = 16384
 HEAD_DIMS = (64, 128, 256)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+# the block shape each head dim's default is measured against (fp16 rows): d = 64 the
+# two-warpgroup 128 x 128 it had before three consumer warpgroups, d = 256 80-key stages
+ALT_BLOCKS = {64: (128, 128), 256: (128, 80)}
 
 
 def cells(quick: bool):
@@ -68,6 +73,9 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
     variants = [("tma", "tma", None), ("cp_async", "cp_async", None)]
     if dtype == "float16":
         variants += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
+        if d in ALT_BLOCKS:
+            block_m, block_n = ALT_BLOCKS[d]
+            variants += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
     variants += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
     for load, mechanism, config in variants:
         if isinstance(config, str):
@@ -106,7 +114,8 @@ def summarize(rows) -> dict:
         s["median_tma_over_cp_async"] = statistics.median(mech)
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
-    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_one_cta_per_tile"):
+    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_alt_blocks",
+                     "tma_one_cta_per_tile"):
         gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
         if gains:
             s[f"median_default_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)

@@ -64,6 +64,20 @@ def test_schedule_shows_in_the_ptx(schedule):
                                                 else 2 * per_loop)
 
 
+def test_three_consumer_warpgroups_for_head_dim_64():
+    """d = 64: a 192-row block, three consumer warpgroups of 64 rows (512 threads, one more
+    named barrier for pingpong's round of turns), 96-key stages; K/V stages limited by shared
+    memory (d = 256: two)."""
+    cfg = AttentionConfig(head_dim=64, schedule="pingpong")
+    assert (cfg.block_m, cfg.block_n, cfg.consumers, cfg.threads) == (192, 96, 3, 512)
+    assert AttentionConfig(head_dim=256).stages == 2 and AttentionConfig().stages == 3
+    ptx = kernels.compile_attention(cfg).ptx
+    assert ".reqntid 512, 1, 1" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16" in ptx
+    turns = set(re.findall(r"bar\.(?:arrive|sync)\s+(%r\d+), 256;", ptx))
+    assert turns  # barrier ids are computed (1 + w, 1 + (w + 1) % 3): registers, not literals
+
+
 def test_default_schedule_is_the_measured_best():
     assert AttentionConfig(head_dim=128).schedule == "overlap"
     assert AttentionConfig(head_dim=128, causal=True).schedule == "overlap"
@@ -74,8 +88,10 @@ def test_default_schedule_is_the_measured_best():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(head_dim=96), "head_dim"), (dict(block_m=64), "block_m"),
-    (dict(load="bulk"), "'tma' or 'cp_async'"), (dict(stages=1), "at least 2"),
-    (dict(schedule="fast"), "schedule"),
+    (dict(load="bulk"), "'tma' or 'cp_async'"), (dict(stages=1), "stages=1: 2 .. 3"),
+    (dict(schedule="fast"), "schedule"), (dict(block_n=72), "multiple of 16"),
+    (dict(head_dim=128, block_m=192), "only for head_dim 64"),
+    (dict(head_dim=256, block_n=80, stages=3), "stages=3: 2 .. 2"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -8,7 +8,7 @@ O = softmax(Q K^T * scale) V and the log-sum-exp, Q (b, s_q, h, d), K and V (b, 
 (h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64, 128 or 256, causal (bottom-right
 aligned when s_q != s_k, as FlashAttention) or not.
 
-Dataflow for one (128-row Q block, head, batch) CTA::
+Dataflow for one (Q block, head, batch) tile; a block is 128 query rows (192 for d = 64)::
 
     producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
                     K_j, V_j for every key block j (TMA) ------> K ring, V ring: the same depth,
@@ -16,9 +16,9 @@ Dataflow for one (128-row Q block, head, batch) CTA::
                                                                   (K_j freed after S_j, V_j after
                                                                   P V)
     consumer WG w   S = Q_w K_j^T          (WGMMA, Q and K from shared memory)
-      (w = 0, 1:    mask the diagonal / the tail, online softmax in fp32 with exp2
-       64 rows      P = exp2(S * scale log2 e - m)  -> fp16/bf16 in registers
-       each)        O += P V_j             (WGMMA, P from registers, V from shared memory)
+      (w = 0, 1     mask the diagonal / the tail, online softmax in fp32 with exp2
+       [, 2]:       P = exp2(S * scale log2 e - m)  -> fp16/bf16 in registers
+       64 rows)     O += P V_j             (WGMMA, P from registers, V from shared memory)
                     release the stage; at the end O /= rowsum, LSE = m + ln(rowsum)
 
 The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two overlaps::
@@ -26,8 +26,12 @@ The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two o
     serial     [S_j = QK_j] wait softmax_j [O += P_j V_j] wait            (per block j)
     overlap    [S_j = QK_j][O += P_{j-1} V_{j-1}] wait S_j  softmax_j  wait PV  P_j = S_j
                (the tensor cores run P V while this warpgroup's softmax runs)
-    pingpong   overlap, with the issue of each iteration's two GEMMs taken in turns by the two
-               warpgroups (named barriers 1 and 2), so one's softmax hides the other's GEMMs
+    pingpong   overlap, with the issue of each iteration's two GEMMs taken in turns by the
+               warpgroups (named barriers 1, 2 [, 3]), so one's softmax hides the others' GEMMs
+
+Head dim 64 takes three consumer warpgroups (a 192-row block, FlashAttention-3's tile): its
+GEMMs are half as long per score as d = 128's while the softmax costs the same, so more
+warpgroups' softmax must run under them; 4 x 128 threads then get 160 registers each.
 
 Warp roles and barriers::
 
@@ -44,7 +48,7 @@ element by element, *is* the A fragment of P V: no data moves between threads (1
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
 d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
 a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
-registers, 168 x 384 threads, allow no second) walks the work items round robin: a
+registers, 64K over 384 or 512 threads, allow no second) walks the work items round robin: a
 (query block, head, batch) tile, or, causal, query blocks M-1-i and i of one head, so every
 item costs the same key blocks (``_tile_coords``). Register pressure is at the edge: check
 ptxas (C7512, spills) after any change to the consumer (tests/test_attention_ptx.py does).
@@ -70,8 +74,14 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 WARPGROUP = 128
 LOG2_E = 1.4426950408889634
-# setmaxnreg budgets (producer, consumers): 128 x (p + 2 c) must fit the SM's 64K registers
-REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
+# setmaxnreg budgets (producer, each consumer) per (load, consumer warpgroups): 128 x (p + w c)
+# must fit the SM's 64K registers; the cp.async producer is a whole warpgroup computing
+# addresses, so it keeps more than the TMA producer's one issuing warp
+# (with three consumers, 160 is the most they can have, and the cp.async producer must make do
+# with 32 as well: at 56 / 152 ptxas serialized the WGMMAs of bf16 pingpong)
+REGISTERS = {("tma", 2): (40, 232), ("cp_async", 2): (56, 224),
+             ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+SMEM_BYTES = 227 * 1024  # the most shared memory a CTA may have on sm_90
 SCHEDULES = ("serial", "overlap", "pingpong")
 # The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
 # (H200, fp16, 16k tokens, s = 512..16k): the geometric mean over the six sequence lengths,
@@ -84,6 +94,12 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 # (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
 # one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
 # lost 1.4x at d = 256. Re-measure after any change to the consumer.
+# (block_m, block_n) per (head_dim, causal): d = 64 takes three consumer warpgroups (192
+# rows), FlashAttention-3's tile, with 96-key stages (at 128, 160 registers spill: ptxas);
+# d = 256 64-key stages (shared memory: Q 64 KiB + 2 x (K + V) 128 KiB; registers: a 64 x 256
+# fp32 O per warpgroup)
+BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (128, False): (128, 128),
+          (128, True): (128, 128), (256, False): (128, 64), (256, True): (128, 64)}
 BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
@@ -91,16 +107,18 @@ BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     head_dim: int = 128
-    block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
-    block_n: int = 0  # keys per pipeline stage; 0: 128, or 64 for head_dim 256 (smem, registers)
-    stages: int = 0  # K/V stages; 0: as many as shared memory holds (3, or 2 for d = 256)
+    # query rows per CTA, 64 per consumer warpgroup (128 or 192), and keys per K/V stage (a
+    # multiple of 16); 0: BLOCKS' choice for the head dim
+    block_m: int = 0
+    block_n: int = 0
+    stages: int = 0  # K/V stages; 0: as many as shared memory holds, at most 3
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
     # the consumers' schedule, each step adding to the one before (an ablation ladder):
     # "serial": S = QK^T, wait, softmax, O += PV, wait (nothing overlaps within a warpgroup);
     # "overlap": issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, softmax S_j while
     #   P V runs (FlashAttention-3's intra-warpgroup overlap);
-    # "pingpong": "overlap", and the two warpgroups take turns issuing their GEMMs (named
+    # "pingpong": "overlap", and the warpgroups take turns issuing their GEMMs (named
     #   barriers), so one's softmax runs under the other's GEMMs.
     schedule: str = ""  # "": the one measured fastest for this head dim and mask (BEST_SCHEDULE)
     # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
@@ -108,27 +126,51 @@ class AttentionConfig:
     persistent: bool = True
 
     def __post_init__(self):
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
+        block_m, block_n = BLOCKS[(self.head_dim, self.causal)]
+        if not self.block_m:
+            object.__setattr__(self, "block_m", block_m)
         if not self.block_n:
-            object.__setattr__(self, "block_n", 64 if self.head_dim == 256 else 128)
+            object.__setattr__(self, "block_n", block_n)
         if not self.stages:
-            object.__setattr__(self, "stages", 2 if self.head_dim == 256 else 3)
+            object.__setattr__(self, "stages", min(3, self.max_stages))
         if not self.schedule:
             object.__setattr__(self, "schedule", BEST_SCHEDULE.get((self.head_dim, self.causal),
                                                                    "pingpong"))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
-        if self.head_dim not in (64, 128, 256):
-            raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
-        if self.block_m != 128 or self.block_n not in (64, 128):
-            raise ValueError("block_m is 128 (two warpgroups x 64 rows), block_n 64 or 128")
+        if self.block_m not in (128, 192):
+            raise ValueError(f"block_m={self.block_m}: 128 or 192 (64 rows per consumer "
+                             "warpgroup)")
+        if self.block_n % 16 or not 64 <= self.block_n <= 256:
+            raise ValueError(f"block_n={self.block_n}: a multiple of 16 in [64, 256] (the k16 "
+                             "steps of P V)")
+        if self.block_m == 192 and self.head_dim != 64:
+            raise ValueError("block_m=192 (three consumer warpgroups) only for head_dim 64: "
+                             "a 64 x d fp32 O accumulator per thread group does not fit "
+                             f"{REGISTERS[(self.load, 3)][1]} registers beside S and P")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
-        if self.stages < 2:
-            raise ValueError("at least 2 K/V stages")
+        if not 2 <= self.stages <= self.max_stages:
+            raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
+                             f"stages share {SMEM_BYTES // 1024} KiB of shared memory)")
+
+    @property
+    def max_stages(self) -> int:
+        """K/V stages that fit beside Q (2-byte elements; 1 KiB left for the barriers)."""
+        q_bytes = 2 * self.block_m * self.head_dim
+        kv_bytes = 2 * 2 * self.block_n * self.head_dim
+        return (SMEM_BYTES - 1024 - q_bytes) // kv_bytes
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups: 64 query rows each (WGMMA's M)."""
+        return self.block_m // 64
 
     @property
     def threads(self) -> int:
-        return 3 * WARPGROUP
+        return (1 + self.consumers) * WARPGROUP
 
     @property
     def overlap(self) -> bool:
@@ -151,8 +193,8 @@ class FlashAttentionSm90:
                  stream: cuda.CUstream):
         """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
-        ``sm_count``: the persistent grid's size (one CTA per SM: 384 threads x 168
-        registers fill the register file)."""
+        ``sm_count``: the persistent grid's size (one CTA per SM: its 384 or 512 threads
+        fill the register file)."""
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
@@ -170,9 +212,9 @@ class FlashAttentionSm90:
         pv_tiler = (64, cfg.head_dim, cfg.block_n)
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         qk_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32,
-                                             (2, 1, 1), tiler_mn=qk_tiler[:2])
+                                             (cfg.consumers, 1, 1), tiler_mn=qk_tiler[:2])
         pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32,
-                                             (2, 1, 1), tiler_mn=pv_tiler[:2],
+                                             (cfg.consumers, 1, 1), tiler_mn=pv_tiler[:2],
                                              a_source=warpgroup.OperandSource.RMEM)
         row_major = LayoutEnum.ROW_MAJOR
         sQ_layout = sm90.make_smem_layout_a(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
@@ -257,19 +299,19 @@ class FlashAttentionSm90:
         # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
         # even when an overlapped iteration holds V_{j-1} and K_j at once
         pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
-                                           WARPGROUP, 8, k_bytes)
+                                           WARPGROUP, 4 * cfg.consumers, k_bytes)
         pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
-                                           WARPGROUP, 8, v_bytes)
+                                           WARPGROUP, 4 * cfg.consumers, v_bytes)
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(q_full, self.loader.barrier_count(WARPGROUP))
-                cute.arch.mbarrier_init(q_empty, 2 * WARPGROUP)  # every consumer thread
+                cute.arch.mbarrier_init(q_empty, cfg.consumers * WARPGROUP)  # every consumer
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         seqlen_q, heads = mO.shape[0], mO.shape[2]
         items = self._work_items(seqlen_q, heads, mO.shape[3])
-        producer_regs, consumer_regs = REGISTERS[cfg.load]
+        producer_regs, consumer_regs = REGISTERS[(cfg.load, cfg.consumers)]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
@@ -499,7 +541,7 @@ class FlashAttentionSm90:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP
-        wg = ctid // WARPGROUP  # 0 or 1: rows [64 wg, 64 wg + 64) of the block
+        wg = ctid // WARPGROUP  # 0 .. consumers - 1: rows [64 wg, 64 wg + 64) of the block
         lane = tidx % 32
         warp_in_wg = (ctid % WARPGROUP) // 32
         qk_thr = qk_mma.get_slice(wg * WARPGROUP)
@@ -518,9 +560,13 @@ class FlashAttentionSm90:
         p_steps = cfg.block_n // 16
 
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
-        # signals the other's (the ids 1, 2 are this kernel's only named barriers)
+        # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
+        # named barriers); the last warpgroup opens the first turn and, at a tile's last
+        # block, does not pass it on: every barrier's arrivals match its owner's waits
+        last_wg = cfg.consumers - 1
         my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
-        their_turn = pipeline.NamedBarrier(barrier_id=2 - wg, num_threads=2 * WARPGROUP)
+        their_turn = pipeline.NamedBarrier(barrier_id=1 + (wg + 1) % cfg.consumers,
+                                           num_threads=2 * WARPGROUP)
 
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
@@ -572,7 +618,7 @@ class FlashAttentionSm90:
                         # behind K_j
                         release = read.clone()
                         if cutlass.const_expr(cfg.pingpong):
-                            if wg == 1:
+                            if wg == last_wg:
                                 their_turn.arrive()  # warpgroup 0 goes first
                         # block 0: S_0 and its softmax; its P V is issued with S_1
                         self.loader.consumer_wait(pipe_k, read)
@@ -580,7 +626,7 @@ class FlashAttentionSm90:
                             my_turn.arrive_and_wait()
                         self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
                         if cutlass.const_expr(cfg.pingpong):
-                            if (wg == 0) | (n_blocks > 1):  # arrivals must match the other's waits
+                            if (wg != last_wg) | (n_blocks > 1):  # arrivals match the waits
                                 their_turn.arrive()
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
@@ -598,7 +644,7 @@ class FlashAttentionSm90:
                             self.loader.consumer_wait(pipe_v, release)
                             self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                             if cutlass.const_expr(cfg.pingpong):
-                                if (wg == 0) | (j < n_blocks - 1):
+                                if (wg != last_wg) | (j < n_blocks - 1):
                                     their_turn.arrive()
                             warpgroup.wait_group(1)  # S_j is in; P V may still run
                             self.loader.consumer_release(pipe_k, read)  # K_j is read
