@@ -44,7 +44,7 @@ def cells(quick: bool):
     return [(d, s, causal) for d in dims for s in seqs for causal in (False, True)]
 
 
-def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
+def measure(dtype: str, d: int, s: int, causal: bool, default_only: bool = False) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -58,8 +58,8 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
     row = {"dtype": dtype, "d": d, "s": s, "b": b, "h": h, "causal": causal}
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     ref = None
-    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
-                          ("fa2", SDPBackend.FLASH_ATTENTION)):
+    peers = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))
+    for name, backend in peers[:1] if default_only else peers:
         def call(backend=backend):
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
@@ -71,12 +71,15 @@ def measure(dtype: str, d: int, s: int, causal: bool) -> dict:
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
     variants = [("tma", "tma", None), ("cp_async", "cp_async", None)]
-    if dtype == "float16":
+    if default_only:
+        variants = variants[:1]
+    elif dtype == "float16":
         variants += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
         if d in ALT_BLOCKS:
             block_m, block_n = ALT_BLOCKS[d]
             variants += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
-    variants += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
+    if not default_only:
+        variants += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
     for load, mechanism, config in variants:
         if isinstance(config, str):
             config = dict(schedule=config)
@@ -176,6 +179,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--default-only", action="store_true",
+                    help="time cuDNN and ours (TMA, default config) only: a quick A/B of builds")
     ap.add_argument("--replot", metavar="JSON",
                     help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
@@ -194,7 +199,7 @@ def main(argv=None):
     todo = [(dtype, c) for c in cells(args.quick) for dtype in ("float16", "bfloat16")]
     rows = []
     for dtype, (d, s, causal) in progress(todo, len(todo)):
-        rows.append(measure(dtype, d, s, causal))
+        rows.append(measure(dtype, d, s, causal, args.default_only))
         results.write("attention", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention", rows, out, extra_meta={
