@@ -65,10 +65,10 @@ def test_schedule_shows_in_the_ptx(schedule):
 
 
 def test_three_consumer_warpgroups_for_head_dim_64():
-    """d = 64: a 192-row block, three consumer warpgroups of 64 rows (512 threads, one more
-    named barrier for pingpong's round of turns), 96-key stages; K/V stages limited by shared
-    memory (d = 256: two)."""
-    cfg = AttentionConfig(head_dim=64, schedule="pingpong")
+    """d = 64, block_m=192: three consumer warpgroups of 64 rows (512 threads, one more
+    named barrier for pingpong's round of turns); K/V stages limited by shared memory
+    (d = 256: two)."""
+    cfg = AttentionConfig(head_dim=64, block_m=192, block_n=96, schedule="pingpong")
     assert (cfg.block_m, cfg.block_n, cfg.consumers, cfg.threads) == (192, 96, 3, 512)
     assert AttentionConfig(head_dim=256).stages == 2 and AttentionConfig().stages == 3
     ptx = kernels.compile_attention(cfg).ptx

@@ -8,7 +8,7 @@ O = softmax(Q K^T * scale) V and the log-sum-exp, Q (b, s_q, h, d), K and V (b, 
 (h a multiple of h_kv: GQA / MQA), fp16 or bf16, head dim 64, 128 or 256, causal (bottom-right
 aligned when s_q != s_k, as FlashAttention) or not.
 
-Dataflow for one (Q block, head, batch) tile; a block is 128 query rows (192 for d = 64)::
+Dataflow for one (Q block, head, batch) tile; a block is 128 query rows (or 192)::
 
     producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
                     K_j, V_j for every key block j (TMA) ------> K ring, V ring: the same depth,
@@ -29,9 +29,10 @@ The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two o
     pingpong   overlap, with the issue of each iteration's two GEMMs taken in turns by the
                warpgroups (named barriers 1, 2 [, 3]), so one's softmax hides the others' GEMMs
 
-Head dim 64 takes three consumer warpgroups (a 192-row block, FlashAttention-3's tile): its
-GEMMs are half as long per score as d = 128's while the softmax costs the same, so more
-warpgroups' softmax must run under them; 4 x 128 threads then get 160 registers each.
+``block_m=192`` (d = 64 only) runs three consumer warpgroups (FlashAttention-3's d = 64 tile:
+its GEMMs are half as long per score as d = 128's while the softmax costs the same, so more
+warpgroups' softmax could run under them; 4 x 128 threads then get 160 registers each). It
+measured slower than two here, so the default block is 128 rows for every head dim.
 
 Warp roles and barriers::
 
@@ -94,11 +95,13 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 # (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
 # one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
 # lost 1.4x at d = 256. Re-measure after any change to the consumer.
-# (block_m, block_n) per (head_dim, causal): d = 64 takes three consumer warpgroups (192
-# rows), FlashAttention-3's tile, with 96-key stages (at 128, 160 registers spill: ptxas);
-# d = 256 64-key stages (shared memory: Q 64 KiB + 2 x (K + V) 128 KiB; registers: a 64 x 256
-# fp32 O per warpgroup)
-BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (128, False): (128, 128),
+# (block_m, block_n) per (head_dim, causal). d = 256: 64-key stages (shared memory: Q 64 KiB
+# + 2 x (K + V) 128 KiB; registers: a 64 x 256 fp32 O per warpgroup). d = 64 keeps two
+# consumer warpgroups: FlashAttention-3's 192-row tile (three, at 160 registers each, which
+# forces 96-key stages here: at 128 ptxas spills) measured slower on the H200 (2026-11-30,
+# two interleaved runs of the grid against the two-warpgroup build: geomean vs cuDNN 0.85
+# against 0.88 non-causal, 0.62 against 0.85 causal); it stays selectable (block_m=192).
+BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
           (128, True): (128, 128), (256, False): (128, 64), (256, True): (128, 64)}
 BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
