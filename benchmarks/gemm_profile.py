@@ -52,22 +52,25 @@ def workload():
     torch.cuda.nvtx.range_pop()
 
 
-def run_ncu(out: Path) -> int:
+def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
+            order=("ours_tma", "ours_cp_async", "cublas")) -> int:
+    """ncu over ``script --workload`` (its launches inside the NVTX range "profile"), the
+    ``metrics`` of each launch as a JSON table in ``out``; ``order`` names the launches."""
     found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
     ncu = shutil.which("ncu") or (found[-1] if found else None)
     if not ncu:
         print("ncu not found")
         return 1
     cmd = [str(ncu), "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
-           "--metrics", ",".join(METRICS), "--csv", "--page", "raw",
-           sys.executable, __file__, "--workload"]
+           "--metrics", ",".join(metrics), "--csv", "--page", "raw",
+           sys.executable, script, "--workload"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     text = proc.stdout[proc.stdout.find('"ID"'):] if '"ID"' in proc.stdout else ""
     rows = list(csv.DictReader(io.StringIO(text)))
-    table = [{"kernel": r.get("Kernel Name", "")[:80], **{m: r.get(m) for m in METRICS}}
+    table = [{"kernel": r.get("Kernel Name", "")[:80], **{m: r.get(m) for m in metrics}}
              for r in rows]
     out.write_text(json.dumps({"command": " ".join(cmd[:-3]), "rows": table,
-                               "order": ["ours_tma", "ours_cp_async", "cublas"],
+                               "order": list(order),
                                "stdout_tail": proc.stdout[-3000:],
                                "stderr_tail": proc.stderr[-2000:]}, indent=1))
     for r in table:
