@@ -8,13 +8,17 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Session 3's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``)::
+Session 4's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``)::
 
     source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests attention_bench \
-        --test-timeout 60 --tests-budget 150 --pytest tests/test_attention_gpu.py
+        --test-timeout 60 --tests-budget 230 --pytest tests/test_attention_gpu.py
+    source .gpu/prelude.sh && python benchmarks/gpu_session.py --only gemm_bench
+    source .gpu/prelude.sh && python benchmarks/attention_profile.py $OUT/attention_profile.json
 
-(about 4.5 minutes: 43 GPU tests, then the 72-cell attention grid with its ablations). The
-GEMM grid (``gemm_bench``) needs about 5 minutes on its own: give it its own call.
+(about 5.5 minutes: 53 GPU tests, then the 72-cell attention grid with its ablations; the
+GEMM grid about 4.5 minutes on its own; the ncu profile under a minute). Results go to $OUT
+only: do not copy the snapshot's own results over them. An A/B of two builds:
+``benchmarks/attention.py --default-only`` from each snapshot, twice, interleaved.
 """
 
 from __future__ import annotations

@@ -78,6 +78,19 @@ def test_three_consumer_warpgroups_for_head_dim_64():
     assert turns  # barrier ids are computed (1 + w, 1 + (w + 1) % 3): registers, not literals
 
 
+def test_register_budgets_fit_the_register_file():
+    """setmaxnreg.inc waits until the registers are free: budgets over 64K would hang the
+    consumers, so every (load, consumer warpgroups) pair must fit, in steps of 8 in [24, 256]."""
+    from cutetma.kernels.attention_sm90 import REGISTERS, WARPGROUP
+
+    for (load, consumers), (producer, consumer) in REGISTERS.items():
+        assert WARPGROUP * (producer + consumers * consumer) <= 64 * 1024, (load, consumers)
+        assert all(r % 8 == 0 and 24 <= r <= 256 for r in (producer, consumer))
+    for head_dim in (64, 128, 256):
+        cfg = AttentionConfig(head_dim=head_dim)
+        assert ("tma", cfg.consumers) in REGISTERS
+
+
 def test_default_schedule_is_the_measured_best():
     assert AttentionConfig(head_dim=128).schedule == "overlap"
     assert AttentionConfig(head_dim=128, causal=True).schedule == "overlap"

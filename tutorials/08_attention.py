@@ -54,10 +54,12 @@ A work item is (``_work_items``, ``_item_tiles``, ``_tile_coords``):
   hardware fills the end with short ones.
 
 The K and V rings run on across tiles. For each tile the producer (``_produce_tile``) loads
-K_0 and V_0 into the next free stages, then waits for *Q empty* (every consumer thread has
-finished its WGMMAs on the previous tile's Q), then loads Q, then K_j and V_j for the other
-key blocks. So the next tile's K_0, V_0 and Q load while the consumers finish the current
-tile's last blocks and its epilogue.
+K_0 and V_0 into the next free stages, then waits for *Q empty*, then loads Q, then K_j and
+V_j for the other key blocks. A consumer thread arrives on Q empty as soon as its tile's last
+S = Q K^T has completed (``_release_q_after``), not at the end of the tile: so the next
+tile's Q loads under the current tile's last softmax, its last P V and its epilogue, along
+with K_0 and V_0. (Arriving after the epilogue left a TMA load's latency at every tile start;
+moving the arrival lifted d = 128 at s <= 1k by 2-3% against cuDNN.)
 
     warpgroup 0 (producer)   warp 0, per tile: K_0 and V_0, then Q by TMA once Q is empty
                              (Q has its own full/empty pair), then K_j and V_j for every
@@ -95,7 +97,8 @@ The pieces, mapped (tutorial numbers in parentheses):
   loads its K/V blocks itself; CTAs that share a head only share them through L2.
 * *setmaxnreg* (07): ``REGISTERS`` gives the budgets. With TMA the producer keeps 40
   registers and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512 of the SM's 65,536.
-  The cp.async producer keeps 56 and the consumers get 224 each.
+  The cp.async producer keeps 56 and the consumers get 224 each. With three consumer
+  warpgroups (``block_m=192``) every consumer gets 160 and either producer 32.
 * *The epilogue*: O / l is converted to fp16/bf16 and stored straight from registers. A
   thread holds columns 2t and 2t + 1 of each group of 8, so it writes each pair with one
   4-byte store. The LSE is written by one thread per row. There is no TMA store: FA3 stages
@@ -180,41 +183,49 @@ rows there, and K's rows there are masked to -inf anyway.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-11-30,
 ``python benchmarks/gpu_session.py --only tests attention_bench --test-timeout 60
---tests-budget 150 --pytest tests/test_attention_gpu.py``). Section 6 of this script prints
+--tests-budget 230 --pytest tests/test_attention_gpu.py``, 19:44 UTC). Section 6 of this script prints
 this from the JSON:
 
     == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-11-30)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)
     dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
-    float16   64  16384  non-causal    455    306    423       427       0.93
-    float16  128    512  non-causal    516    297    441       394       0.86
-    float16  128   8192  non-causal    652    327    656       566       1.01
-    float16  128   8192  causal        593    313    630       436       1.06
-    float16  256  16384  causal        636    283    640       567       1.01
-    bfloat16 128  16384  causal        631    298    675       462       1.07
-    over all 72 cells: tma/cudnn geomean 0.918 (0.765 to 1.084)
-    geomean by s: 512 0.84, 1024 0.89, 2048 0.93, 4096 0.94, 8192 0.96, 16384 0.96
-    d = 128, s >= 2k: 0.964 to 1.084, at or above cuDNN in 9 of 16 cells
-    peak: 675 TFLOP/s (bfloat16, d = 128, causal, s = 16384)
-    TMA vs cp.async: TMA faster in 69 of 72 cells, median 1.118x
+    float16   64  16384  non-causal    463    304    431       425       0.93
+    float16  128    512  non-causal    513    300    449       405       0.87
+    float16  128   8192  non-causal    665    335    648       584       0.98
+    float16  128   8192  causal        599    300    631       452       1.05
+    float16  256  16384  causal        643    267    642       560       1.00
+    bfloat16 128  16384  causal        640    319    667       471       1.04
+    over all 72 cells: tma/cudnn geomean 0.926 (0.789 to 1.074)
+    geomean by s: 512 0.86, 1024 0.90, 2048 0.93, 4096 0.94, 8192 0.96, 16384 0.97
+    d = 128, s >= 2k: 0.943 to 1.074, at or above cuDNN in 10 of 16 cells
+    peak: 687 TFLOP/s (bfloat16, d = 256, non-causal, s = 16384)
+    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.090x
     ablation, fp16 TMA: serial / overlap / pingpong, persistent (default *) | one CTA per tile
-      d= 64 s= 8192 non-causal  419  /  429* /  424  |  465
-      d= 64 s= 8192 causal      386  /  398  /  404* |  392
-      d=128 s= 8192 non-causal  538  /  612* /  603  |  590
-      d=128 s= 8192 causal      569  /  603* /  568  |  452
-      d=256 s= 8192 non-causal  629* /  582  /  590  |  602
-      d=256 s=16384 causal      598* /  611  /  596  |  617
-    the default over serial / overlap / pingpong, median over fp16 cells: 1.042 / 1.020 / 1.052
-    the persistent grid over one CTA per tile, median over all 72 cells: 1.120x (slower in 10)
-    the tma column re-times the default kernel: 0.970x to 1.089x its ablation timing (median 1.013)
+      d= 64 s= 8192 non-causal  438  /  424* /  428  |  447
+      d= 64 s= 8192 causal      389  /  408  /  416* |  410
+      d=128 s= 8192 non-causal  556  /  627* /  622  |  623
+      d=128 s= 8192 causal      543  /  601* /  579  |  453
+      d=256 s= 8192 non-causal  622* /  615  /  629  |  609
+      d=256 s=16384 causal      607* /  604  /  606  |  628
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.033 / 1.025 / 1.030
+    the persistent grid over one CTA per tile, median over all 72 cells: 1.101x (slower in 10)
+    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.96x to 1.63x
+    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.97x to 1.04x
+    the tma column re-times the default kernel: 0.992x to 1.105x its ablation timing (median 1.019)
 
-Over the 72 cells the TMA kernel reaches a geomean 0.918 of cuDNN. By sequence length it is
-0.84 (512), 0.89 (1k), 0.93 (2k), 0.94 (4k), 0.96 (8k) and 0.96 (16k). At d = 128 and
-s >= 2k it runs at 0.964-1.084 of cuDNN and is at or above it in 9 of 16 cells: every causal
-cell from 4k, bf16 causal at 2k (1.004), and non-causal at 8k (1.000 and 1.005). The peak is
-675 TFLOP/s (bf16, d = 128, causal, 16k). The gap that remains is at short sequences. At
-s = 512 a tile has at most 4 key blocks (8 at d = 256), so per-tile fixed costs (the wait for
-Q, the first softmax, the epilogue) weigh the most.
+Over the 72 cells the TMA kernel reaches a geomean 0.926 of cuDNN. By sequence length it is
+0.86 (512), 0.90 (1k), 0.93 (2k), 0.94 (4k), 0.96 (8k) and 0.97 (16k). At d = 128 and
+s >= 2k it runs at 0.943-1.074 of cuDNN and is at or above it in 10 of 16 cells: every causal
+cell from 4k, fp16 causal at 2k, bf16 non-causal at 8k and non-causal at 16k. The peak is
+687 TFLOP/s. The gap that remains is at short sequences. At s = 512 a tile has at most 4 key
+blocks (8 at d = 256), so per-tile fixed costs (the loads at a tile's start, the first
+softmax, the epilogue) weigh the most. Nsight Compute agrees (``attention_profile.json``):
+at s = 512, d = 128 the kernel issues as many instructions as cuDNN's, but its tensor pipe is
+busy 52% of the time against cuDNN's 62%, its warps stalling on memory 1.75x as often.
+
+FlashAttention-3's d = 64 tile, 192 query rows for three consumer warpgroups
+(``block_m=192``), is here too, and the ALT_BLOCKS line above measures it: it gives each
+consumer 160 registers, which forces 96-key stages, and it loses, above all causal.
 """
 
 from __future__ import annotations
@@ -277,10 +288,12 @@ def register_budget() -> None:
     from cutetma.kernels.attention_sm90 import REGISTERS, WARPGROUP
 
     heading("2. setmaxnreg: the producer gives registers back, the consumers take them")
-    for load, (producer, consumer) in REGISTERS.items():
-        used = WARPGROUP * (producer + 2 * consumer)
-        print(f"load={load:<8}: producer {producer}, consumers {consumer} each: "
-              f"128 x ({producer} + 2 x {consumer}) = {used} of {REGISTERS_PER_SM}")
+    for (load, consumers), (producer, consumer) in REGISTERS.items():
+        used = WARPGROUP * (producer + consumers * consumer)
+        assert used <= REGISTERS_PER_SM, (load, consumers)  # else setmaxnreg.inc would hang
+        print(f"load={load:<8}, {consumers} consumer warpgroups: producer {producer}, "
+              f"consumers {consumer} each: 128 x ({producer} + {consumers} x {consumer}) = "
+              f"{used} of {REGISTERS_PER_SM}")
     print("per consumer thread at d = 128: S 64 x 128 fp32 over 128 threads = 64 registers, "
           "O 64 x 128 fp32 = 64 more (d = 256: S 32, O 128)")
 
@@ -521,6 +534,11 @@ def measured() -> str:
     slower = sum(r["tma"] < r["tma_one_cta_per_tile"] for r in timed)
     print(f"the persistent grid over one CTA per tile, median over all {len(ratios)} cells: "
           f"{summary['median_default_over_one_cta_per_tile']:.3f}x (slower in {slower})")
+    alt = [(r["d"], r["tma"] / r["tma_alt_blocks"]) for r in rows if r.get("tma_alt_blocks")]
+    for d in sorted({d for d, _ in alt}):
+        gains = [g for dd, g in alt if dd == d]
+        print(f"d = {d}: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: "
+              f"{min(gains):.2f}x to {max(gains):.2f}x")
     repeat = sorted(r["tma"] / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"])]]
                     for r in rows if r.get("tma_serial"))
     print(f"the tma column re-times the default kernel: {repeat[0]:.3f}x to {repeat[-1]:.3f}x "
