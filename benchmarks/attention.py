@@ -12,9 +12,11 @@ output first; a wrong or unsupported configuration becomes a row with an error.
 (``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
 intra-warpgroup overlap and pingpong, from which those defaults were chosen, and, where
-``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``);
-and every row the default with one CTA per tile instead of the persistent grid
-(``tma_one_cta_per_tile``).
+``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``),
+with two Q buffers (``tma_two_q``, d <= 128) and, at d = 128, with the K/V stage that costs
+alone (``tma_two_kv_stages``); and every row the default with one CTA per tile instead of
+the persistent grid (``tma_one_cta_per_tile``). ``--variants tma tma_two_q --head-dims 128``
+times only those columns (both dtypes) and cuDNN: an A/B in a few minutes.
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
 
@@ -38,13 +40,34 @@ SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 ALT_BLOCKS = {64: (192, 96), 256: (128, 80)}
 
 
-def cells(quick: bool):
+def cells(quick: bool, head_dims=HEAD_DIMS):
     seqs = (1024, 4096) if quick else SEQLENS
-    dims = (128,) if quick else HEAD_DIMS
+    dims = (128,) if quick else head_dims
     return [(d, s, causal) for d in dims for s in seqs for causal in (False, True)]
 
 
-def measure(dtype: str, d: int, s: int, causal: bool, default_only: bool = False) -> dict:
+def variants(dtype: str, d: int, chosen=None):
+    """Ours, as (column, mechanism, config overrides or a schedule name or None: the torch
+    face's default). The full run: the defaults for both dtypes, the ablations for fp16 only.
+    ``chosen``: exactly these columns, for both dtypes (an A/B of a few)."""
+    every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
+    every += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
+    if d in ALT_BLOCKS:
+        block_m, block_n = ALT_BLOCKS[d]
+        every += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
+    if d <= 128:  # two Q buffers leave no K/V stage at d = 256
+        every += [("tma_two_q", "tma", dict(q_stages=2))]
+    if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
+        every += [("tma_two_kv_stages", "tma", dict(stages=2))]
+    every += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
+    if chosen is not None:
+        return [v for v in every if v[0] in chosen]
+    return [v for v in every if dtype == "float16" or v[0] in
+            ("tma", "cp_async", "tma_one_cta_per_tile")]
+
+
+def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
+    """One cell: cuDNN and FA2 (FA2 not with ``chosen``), then ours (``variants``)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -59,7 +82,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, default_only: bool = False
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     ref = None
     peers = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))
-    for name, backend in peers[:1] if default_only else peers:
+    for name, backend in peers if chosen is None else peers[:1]:
         def call(backend=backend):
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
@@ -70,17 +93,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, default_only: bool = False
             row[name] = flops / bench(call) / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    variants = [("tma", "tma", None), ("cp_async", "cp_async", None)]
-    if default_only:
-        variants = variants[:1]
-    elif dtype == "float16":
-        variants += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
-        if d in ALT_BLOCKS:
-            block_m, block_n = ALT_BLOCKS[d]
-            variants += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
-    if not default_only:
-        variants += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
-    for load, mechanism, config in variants:
+    for load, mechanism, config in variants(dtype, d, chosen):
         if isinstance(config, str):
             config = dict(schedule=config)
 
@@ -118,7 +131,7 @@ def summarize(rows) -> dict:
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
     for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_alt_blocks",
-                     "tma_one_cta_per_tile"):
+                     "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile"):
         gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
         if gains:
             s[f"median_default_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)
@@ -182,6 +195,10 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--default-only", action="store_true",
                     help="time cuDNN and ours (TMA, default config) only: a quick A/B of builds")
+    ap.add_argument("--variants", nargs="+", metavar="COLUMN",
+                    help="time cuDNN and only these columns of ours, both dtypes "
+                         "(e.g. tma tma_two_q)")
+    ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     ap.add_argument("--replot", metavar="JSON",
                     help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
@@ -197,10 +214,12 @@ def main(argv=None):
     out = Path(args.out)
     t0 = time.time()
     # both dtypes of a cell back to back, so they see the same card state (power, clocks)
-    todo = [(dtype, c) for c in cells(args.quick) for dtype in ("float16", "bfloat16")]
+    chosen = ["tma"] if args.default_only else args.variants
+    todo = [(dtype, c) for c in cells(args.quick, args.head_dims)
+            for dtype in ("float16", "bfloat16")]
     rows = []
     for dtype, (d, s, causal) in progress(todo, len(todo)):
-        rows.append(measure(dtype, d, s, causal, args.default_only))
+        rows.append(measure(dtype, d, s, causal, chosen))
         results.write("attention", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention", rows, out, extra_meta={

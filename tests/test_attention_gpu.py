@@ -134,6 +134,20 @@ def test_persistent_walk(load, causal):
     check(q, k, v, causal, load, persistent=False)
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_q_buffers(load, causal):
+    """q_stages=2: tiles alternate between the Q buffers (many tiles per CTA, odd lengths,
+    GQA), against the reference, and with one CTA per tile."""
+    import torch
+
+    q = torch.randn(4, 2001, 16, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(4, 1900, 4, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(4, 1900, 4, 128, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, causal, load, q_stages=2)
+    check(q[:, :203], k[:, :113], v[:, :113], causal, load, q_stages=2, persistent=False)
+
+
 def test_custom_op_and_stream():
     import torch
 

@@ -78,6 +78,20 @@ def test_three_consumer_warpgroups_for_head_dim_64():
     assert turns  # barrier ids are computed (1 + w, 1 + (w + 1) % 3): registers, not literals
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_two_q_buffers_trade_a_kv_stage(load):
+    """q_stages=2: a full / empty barrier pair per Q buffer, paid for at d = 128 with a K/V
+    stage (shared memory: 2 x 32 KiB of Q + 2 x 64 KiB of K/V); d = 256 has no room."""
+    one = AttentionConfig(head_dim=128, load=load)
+    two = AttentionConfig(head_dim=128, load=load, q_stages=2)
+    assert (one.stages, two.stages) == (3, 2)
+    inits = {c.q_stages: kernels.compile_attention(c).ptx.count("mbarrier.init")
+             for c in (one, two)}
+    assert inits == {1: 2 + 2 * 2 * 3, 2: 2 * 2 + 2 * 2 * 2}  # Q pairs + K and V rings
+    with pytest.raises(ValueError, match="stages="):
+        AttentionConfig(head_dim=256, q_stages=2)
+
+
 def test_register_budgets_fit_the_register_file():
     """setmaxnreg.inc waits until the registers are free: budgets over 64K would hang the
     consumers, so every (load, consumer warpgroups) pair must fit, in steps of 8 in [24, 256]."""
@@ -105,6 +119,7 @@ def test_default_schedule_is_the_measured_best():
     (dict(schedule="fast"), "schedule"), (dict(block_n=72), "multiple of 16"),
     (dict(head_dim=128, block_m=192), "only for head_dim 64"),
     (dict(head_dim=256, block_n=80, stages=3), "stages=3: 2 .. 2"),
+    (dict(q_stages=3), "q_stages"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -115,6 +115,9 @@ class AttentionConfig:
     block_m: int = 0
     block_n: int = 0
     stages: int = 0  # K/V stages; 0: as many as shared memory holds, at most 3
+    # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its
+    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none)
+    q_stages: int = 1
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
     # the consumers' schedule, each step adding to the one before (an ablation ladder):
@@ -155,14 +158,17 @@ class AttentionConfig:
                              f"{REGISTERS[(self.load, 3)][1]} registers beside S and P")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages={self.q_stages}: 1 or 2")
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {SMEM_BYTES // 1024} KiB of shared memory)")
 
     @property
     def max_stages(self) -> int:
-        """K/V stages that fit beside Q (2-byte elements; 1 KiB left for the barriers)."""
-        q_bytes = 2 * self.block_m * self.head_dim
+        """K/V stages that fit beside Q's buffers (2-byte elements; 1 KiB left for the
+        barriers)."""
+        q_bytes = 2 * self.block_m * self.head_dim * self.q_stages
         kv_bytes = 2 * 2 * self.block_n * self.head_dim
         return (SMEM_BYTES - 1024 - q_bytes) // kv_bytes
 
@@ -221,7 +227,7 @@ class FlashAttentionSm90:
                                              a_source=warpgroup.OperandSource.RMEM)
         row_major = LayoutEnum.ROW_MAJOR
         sQ_layout = sm90.make_smem_layout_a(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
-                                            dtype, 1)
+                                            dtype, cfg.q_stages)
         sK_layout = sm90.make_smem_layout_b(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
                                             dtype, cfg.stages)
         sV_layout = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR,
@@ -236,7 +242,8 @@ class FlashAttentionSm90:
 
         @cute.struct
         class Storage:
-            q_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # Q full, Q empty
+            # Q full per buffer, then Q empty per buffer
+            q_barriers: cute.struct.MemRange[cutlass.Int64, 2 * cfg.q_stages]
             k_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             v_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
@@ -293,8 +300,8 @@ class FlashAttentionSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        q_full = storage.q_barriers.data_ptr()
-        q_empty = q_full + 1
+        q_full = storage.q_barriers.data_ptr()  # buffer i: q_full + i, q_empty + i
+        q_empty = q_full + cfg.q_stages
         k_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
         v_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
         q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
@@ -307,8 +314,10 @@ class FlashAttentionSm90:
                                            WARPGROUP, 4 * cfg.consumers, v_bytes)
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_full, self.loader.barrier_count(WARPGROUP))
-                cute.arch.mbarrier_init(q_empty, cfg.consumers * WARPGROUP)  # every consumer
+                for i in cutlass.range_constexpr(cfg.q_stages):
+                    cute.arch.mbarrier_init(q_full + i, self.loader.barrier_count(WARPGROUP))
+                    # every consumer thread arrives
+                    cute.arch.mbarrier_init(q_empty + i, cfg.consumers * WARPGROUP)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -419,10 +428,10 @@ class FlashAttentionSm90:
             tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
             tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
 
-            def load_q():
+            def load_q(q_stage):
                 with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_full, q_bytes)
-                cute.copy(tma_q, tQgQ, tQsQ[(None, 0)], tma_bar_ptr=q_full)
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
 
             def load_k(j, state):
                 cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
@@ -455,9 +464,10 @@ class FlashAttentionSm90:
             k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
             v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
 
-            def load_q():
-                cpa.load_tile(q_part, m_block, 0, 0, gQ.shape, (cfg.block_m, cfg.head_dim))
-                self.loader.commit(q_full)
+            def load_q(q_stage):
+                cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
+                              (cfg.block_m, cfg.head_dim))
+                self.loader.commit(q_full + q_stage)
 
             def load_k(j, state):
                 cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
@@ -498,14 +508,16 @@ class FlashAttentionSm90:
                       load_v: cutlass.Constexpr):
         """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
         need only a free stage, so they overlap the consumers' last blocks of the previous
-        tile), then Q once the consumers have finished reading the previous tile's (q empty),
-        then the remaining key blocks."""
+        tile), then Q once the consumers have finished reading the Q that buffer held before
+        (q empty: the previous tile's, or with two buffers the one before), then the
+        remaining key blocks."""
         first = cutlass.min(n_blocks, 1)
         self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
                          load_v)
-        if local > 0:
-            cute.arch.mbarrier_wait(q_empty, (local - 1) % 2)
-        load_q()
+        q_stage, q_phase = self._q_slot(local)
+        if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
+            cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
+        load_q(q_stage)
         self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
                          n_blocks, load_k, load_v)
 
@@ -596,16 +608,17 @@ class FlashAttentionSm90:
                 tOrP = cute.make_rmem_tensor(cute.make_layout(
                     ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
                 tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
-                cute.arch.mbarrier_wait(q_full, local % 2)
+                q_stage, q_phase = self._q_slot(local)
+                cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
                 if cutlass.const_expr(cfg.load == "cp_async"):
                     cute.arch.fence_view_async_shared()  # Q came through the generic proxy
                 if cutlass.const_expr(not cfg.overlap):
                     for j in cutlass.range(n_blocks, unroll=1):
                         self.loader.consumer_wait(pipe_k, read)
-                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
-                        self._release_q_after(j, n_blocks, q_empty)
+                        self._release_q_after(j, n_blocks, q_empty + q_stage)
                         self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                         self._rescale(acc_o, correction)
@@ -627,13 +640,13 @@ class FlashAttentionSm90:
                         self.loader.consumer_wait(pipe_k, read)
                         if cutlass.const_expr(cfg.pingpong):
                             my_turn.arrive_and_wait()
-                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                         if cutlass.const_expr(cfg.pingpong):
                             if (wg != last_wg) | (n_blocks > 1):  # arrivals match the waits
                                 their_turn.arrive()
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
-                        self._release_q_after(0, n_blocks, q_empty)
+                        self._release_q_after(0, n_blocks, q_empty + q_stage)
                         self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
@@ -642,8 +655,9 @@ class FlashAttentionSm90:
                             self.loader.consumer_wait(pipe_k, read)
                             if cutlass.const_expr(cfg.pingpong):
                                 my_turn.arrive_and_wait()
-                            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, read.index)  # S_j ...
-                            self._rescale(acc_o, correction)  # ... while O takes j-1's rescale
+                            # S_j, while O takes j-1's rescale
+                            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                            self._rescale(acc_o, correction)
                             self.loader.consumer_wait(pipe_v, release)
                             self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                             if cutlass.const_expr(cfg.pingpong):
@@ -651,7 +665,7 @@ class FlashAttentionSm90:
                                     their_turn.arrive()
                             warpgroup.wait_group(1)  # S_j is in; P V may still run
                             self.loader.consumer_release(pipe_k, read)  # K_j is read
-                            self._release_q_after(j, n_blocks, q_empty)
+                            self._release_q_after(j, n_blocks, q_empty + q_stage)
                             self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                             self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                             warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
@@ -665,11 +679,19 @@ class FlashAttentionSm90:
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_v, release)
                 if n_blocks == 0:  # no Q K^T read Q: free it for the next tile's all the same
-                    cute.arch.mbarrier_arrive(q_empty)
+                    cute.arch.mbarrier_arrive(q_empty + q_stage)
                 self._epilogue(acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, col_in_tile,
                                seqlen_q, scale_log2)
                 done += n_blocks
                 local += 1
+
+    @cute.jit
+    def _q_slot(self, local):
+        """Tile ``local``'s Q buffer and the phase of its full barrier (buffer i serves tiles
+        i, i + q_stages, ...). One buffer: buffer 0, a constant, as before there were two."""
+        if cutlass.const_expr(self.cfg.q_stages == 1):
+            return 0, local % 2
+        return local % self.cfg.q_stages, (local // self.cfg.q_stages) % 2
 
     @cute.jit
     def _release_q_after(self, j, n_blocks, q_empty):
@@ -681,12 +703,12 @@ class FlashAttentionSm90:
             cute.arch.mbarrier_arrive(q_empty)
 
     @cute.jit
-    def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
+    def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, q_stage, stage):
         """S = Q K^T into acc_s, one commit group (not waited for)."""
         warpgroup.fence()  # the softmax read acc_s: order it before WGMMA writes it
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)], tSrK[(None, None, kb, stage)],
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, q_stage)], tSrK[(None, None, kb, stage)],
                       acc_s)
         warpgroup.commit_group()
 
