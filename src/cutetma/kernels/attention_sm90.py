@@ -116,7 +116,10 @@ class AttentionConfig:
     block_n: int = 0
     stages: int = 0  # K/V stages; 0: as many as shared memory holds, at most 3
     # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its
-    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none)
+    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none).
+    # Measured once (attention_two_q.json): d = 128 no gain at s <= 1k and up to 5% lost at
+    # s >= 4k (the lost K/V stage alone costs as much); d = 64 (which keeps 3 K/V stages)
+    # non-causal a median +2% (10 of 12 cells faster), causal even: not yet the default
     q_stages: int = 1
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
