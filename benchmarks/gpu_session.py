@@ -14,6 +14,8 @@ Session 4's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu
         --test-timeout 60 --tests-budget 230 --pytest tests/test_attention_gpu.py
     source .gpu/prelude.sh && python benchmarks/gpu_session.py --only gemm_bench
     source .gpu/prelude.sh && python benchmarks/attention_profile.py $OUT/attention_profile.json
+    source .gpu/prelude.sh && python benchmarks/attention.py --variants tma tma_two_q \
+        tma_two_kv_stages --head-dims 128 --out $OUT/d128
 
 (about 5.5 minutes: 53 GPU tests, then the 72-cell attention grid with its ablations; the
 GEMM grid about 4.5 minutes on its own; the ncu profile under a minute). Results go to $OUT
