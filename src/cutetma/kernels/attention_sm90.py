@@ -10,7 +10,8 @@ aligned when s_q != s_k, as FlashAttention) or not.
 
 Dataflow for one (Q block, head, batch) tile; a block is 128 query rows (or 192)::
 
-    producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty)
+    producer warp   Q per tile (TMA) --------------------------> sQ   (q full / q empty; one
+                                                                  buffer, or two: q_stages)
                     K_j, V_j for every key block j (TMA) ------> K ring, V ring: the same depth,
                                                                   each stage a full / empty pair
                                                                   (K_j freed after S_j, V_j after
