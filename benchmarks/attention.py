@@ -13,9 +13,9 @@ output first; a wrong or unsupported configuration becomes a row with an error.
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
 intra-warpgroup overlap and pingpong, from which those defaults were chosen, and, where
 ``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``),
-with two Q buffers (``tma_two_q``, d <= 128) and, at d = 128, with the K/V stage that costs
-alone (``tma_two_kv_stages``); and every row the default with one CTA per tile instead of
-the persistent grid (``tma_one_cta_per_tile``). ``--variants tma tma_two_q --head-dims 128``
+and with the other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``); and every
+row the default with one CTA per tile instead of the persistent grid
+(``tma_one_cta_per_tile``). ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128``
 times only those columns (both dtypes) and cuDNN: an A/B in a few minutes.
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
@@ -46,24 +46,29 @@ def cells(quick: bool, head_dims=HEAD_DIMS):
     return [(d, s, causal) for d in dims for s in seqs for causal in (False, True)]
 
 
-def variants(dtype: str, d: int, chosen=None):
+def variants(dtype: str, d: int, causal: bool, chosen=None):
     """Ours, as (column, mechanism, config overrides or a schedule name or None: the torch
     face's default). The full run: the defaults for both dtypes, the ablations for fp16 only.
-    ``chosen``: exactly these columns, for both dtypes (an A/B of a few)."""
+    ``chosen``: exactly these columns, for both dtypes (an A/B of a few; ``tma_two_q`` and
+    ``tma_two_kv_stages`` only on request)."""
+    from cutetma.kernels.attention_sm90 import AttentionConfig
+
     every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
     every += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
     if d in ALT_BLOCKS:
         block_m, block_n = ALT_BLOCKS[d]
         every += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
     if d <= 128:  # two Q buffers leave no K/V stage at d = 256
-        every += [("tma_two_q", "tma", dict(q_stages=2))]
+        q_stages = AttentionConfig(head_dim=d, causal=causal).q_stages
+        every += [("tma_other_q", "tma", dict(q_stages=3 - q_stages)),  # the default's other
+                  ("tma_two_q", "tma", dict(q_stages=2))]
     if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
         every += [("tma_two_kv_stages", "tma", dict(stages=2))]
     every += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
     if chosen is not None:
         return [v for v in every if v[0] in chosen]
-    return [v for v in every if dtype == "float16" or v[0] in
-            ("tma", "cp_async", "tma_one_cta_per_tile")]
+    return [v for v in every if v[0] not in ("tma_two_q", "tma_two_kv_stages") and (
+        dtype == "float16" or v[0] in ("tma", "cp_async", "tma_one_cta_per_tile"))]
 
 
 def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
@@ -93,7 +98,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
             row[name] = flops / bench(call) / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    for load, mechanism, config in variants(dtype, d, chosen):
+    for load, mechanism, config in variants(dtype, d, causal, chosen):
         if isinstance(config, str):
             config = dict(schedule=config)
 
@@ -131,7 +136,7 @@ def summarize(rows) -> dict:
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
     for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_alt_blocks",
-                     "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile"):
+                     "tma_other_q", "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile"):
         gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
         if gains:
             s[f"median_default_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)

@@ -111,6 +111,10 @@ def test_default_schedule_is_the_measured_best():
     assert AttentionConfig(head_dim=64, causal=True).schedule == "pingpong"
     assert AttentionConfig(head_dim=256).schedule == "serial"
     assert AttentionConfig(head_dim=64, schedule="serial").schedule == "serial"
+    # two Q buffers where they measured faster (d = 64 non-causal), one elsewhere
+    assert AttentionConfig(head_dim=64).q_stages == 2
+    assert AttentionConfig(head_dim=64, causal=True).q_stages == 1
+    assert AttentionConfig(head_dim=128).q_stages == AttentionConfig(head_dim=256).q_stages == 1
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -104,6 +104,12 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 # against 0.88 non-causal, 0.62 against 0.85 causal); it stays selectable (block_m=192).
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
           (128, True): (128, 128), (256, False): (128, 64), (256, True): (128, 64)}
+# Q buffers per (head_dim, causal), 1 where not named. Measured (attention_two_q.json, one
+# pass, both dtypes, interleaved per cell): d = 64 non-causal (which keeps its 3 K/V stages)
+# 1.007-1.051x with two in 11 of 12 cells (0.984 in the other); d = 64 causal 0.98-1.07
+# (median 0.99); d = 128, which must give up a K/V stage for it, no gain at s <= 1k and
+# 0.95-0.99x at s >= 4k (the lost stage alone costs as much)
+Q_STAGES = {(64, False): 2}
 BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
@@ -117,11 +123,9 @@ class AttentionConfig:
     block_n: int = 0
     stages: int = 0  # K/V stages; 0: as many as shared memory holds, at most 3
     # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its
-    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none).
-    # Measured once (attention_two_q.json): d = 128 no gain at s <= 1k and up to 5% lost at
-    # s >= 4k (the lost K/V stage alone costs as much); d = 64 (which keeps 3 K/V stages)
-    # non-causal a median +2% (10 of 12 cells faster), causal even: not yet the default
-    q_stages: int = 1
+    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none);
+    # 0: Q_STAGES' choice
+    q_stages: int = 0
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
     # the consumers' schedule, each step adding to the one before (an ablation ladder):
@@ -143,6 +147,8 @@ class AttentionConfig:
             object.__setattr__(self, "block_m", block_m)
         if not self.block_n:
             object.__setattr__(self, "block_n", block_n)
+        if not self.q_stages:
+            object.__setattr__(self, "q_stages", Q_STAGES.get((self.head_dim, self.causal), 1))
         if not self.stages:
             object.__setattr__(self, "stages", min(3, self.max_stages))
         if not self.schedule:
