@@ -108,7 +108,8 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # pass, both dtypes, interleaved per cell): d = 64 non-causal (which keeps its 3 K/V stages)
 # 1.007-1.051x with two in 11 of 12 cells (0.984 in the other); d = 64 causal 0.98-1.07
 # (median 0.99); d = 128, which must give up a K/V stage for it, no gain at s <= 1k and
-# 0.95-0.99x at s >= 4k (the lost stage alone costs as much)
+# 0.95-0.99x at s >= 4k (the lost stage alone costs as much). A second pass with two as the
+# d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024
 Q_STAGES = {(64, False): 2}
 BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
