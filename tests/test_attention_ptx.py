@@ -276,6 +276,30 @@ def test_benchmark_summary_and_replot(tmp_path):
     assert path.with_suffix(".png").stat().st_size > 10_000
 
 
+def test_benchmark_columns():
+    """What each row of the attention grid times: the defaults for both dtypes, the ablations
+    for fp16 only (tma_other_q flips the default's Q buffers, d <= 128), exactly the columns
+    asked for with --variants; the A/B-only columns stay out of the full run."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention as bench
+
+    def names(*args):
+        return [v[0] for v in bench.variants(*args)]
+
+    assert names("bfloat16", 128, False) == ["tma", "cp_async", "tma_one_cta_per_tile"]
+    full = names("float16", 128, False)
+    assert {"tma_serial", "tma_overlap", "tma_pingpong", "tma_other_q"} <= set(full)
+    assert "tma_two_q" not in full and "tma_two_kv_stages" not in full
+    assert "tma_other_q" not in names("float16", 256, False)
+    other = {v[0]: v[2] for v in bench.variants("float16", 64, False)}["tma_other_q"]
+    assert other == {"q_stages": 1}  # d = 64 non-causal has two by default
+    assert names("bfloat16", 128, True, ["tma", "tma_two_kv_stages"]) == [
+        "tma", "tma_two_kv_stages"]
+
+
 def _walk(cfg, seqlen_q, heads, batch, grid):
     """The kernel's own work-item functions, run as plain Python: each CTA's work items under
     the persistent round robin (or one item per CTA), an item being its (m_block, head,
