@@ -85,17 +85,6 @@ REGISTERS = {("tma", 2): (40, 232), ("cp_async", 2): (56, 224),
              ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SMEM_BYTES = 227 * 1024  # the most shared memory a CTA may have on sm_90
 SCHEDULES = ("serial", "overlap", "pingpong")
-# The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
-# (H200, fp16, 16k tokens, s = 512..16k): the geometric mean over the six sequence lengths,
-# relative to serial, with this kernel build (persistent, split K/V rings, count-based tile
-# loop; run of 18:40 UTC, 2026-11-30; single cells move by up to ~9% between runs):
-#   d = 64:   overlap 1.02, pingpong 1.00 (non-causal); overlap 1.04, pingpong 1.06 (causal)
-#   d = 128:  overlap 1.11, pingpong 1.06 (non-causal); overlap 1.04, pingpong 0.98 (causal)
-#   d = 256:  overlap 0.96, pingpong 0.96 (non-causal); overlap 0.99, pingpong 0.99 (causal)
-# The ranking follows ptxas's register allocation as much as the schedule: the build before
-# (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
-# one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
-# lost 1.4x at d = 256. Re-measure after any change to the consumer.
 # (block_m, block_n) per (head_dim, causal). d = 256: 64-key stages (shared memory: Q 64 KiB
 # + 2 x (K + V) 128 KiB; registers: a 64 x 256 fp32 O per warpgroup). d = 64 keeps two
 # consumer warpgroups: FlashAttention-3's 192-row tile (three, at 160 registers each, which
@@ -111,6 +100,17 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # 0.95-0.99x at s >= 4k (the lost stage alone costs as much). A second pass with two as the
 # d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024
 Q_STAGES = {(64, False): 2}
+# The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
+# (H200, fp16, 16k tokens, s = 512..16k): the geometric mean over the six sequence lengths,
+# relative to serial, with this kernel build (persistent, split K/V rings, count-based tile
+# loop; run of 18:40 UTC, 2026-11-30; single cells move by up to ~9% between runs):
+#   d = 64:   overlap 1.02, pingpong 1.00 (non-causal); overlap 1.04, pingpong 1.06 (causal)
+#   d = 128:  overlap 1.11, pingpong 1.06 (non-causal); overlap 1.04, pingpong 0.98 (causal)
+#   d = 256:  overlap 0.96, pingpong 0.96 (non-causal); overlap 0.99, pingpong 0.99 (causal)
+# The ranking follows ptxas's register allocation as much as the schedule: the build before
+# (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
+# one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
+# lost 1.4x at d = 256. Re-measure after any change to the consumer.
 BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
                  (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
 
