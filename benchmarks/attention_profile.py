@@ -7,10 +7,24 @@ it closes.
 
 The launches inside the NVTX range "profile" are measured (compiles and warm-ups are
 outside it); ``gemm_profile.run_ncu`` builds the ncu command and writes the table.
+
+    python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE ...]
+
+profiles ours alone (d = 128 fp16 non-causal, s = 512) once per schedule with ncu's source
+counters and writes, per schedule, the SASS listing with its warp-stall samples
+(``attention_sass_<schedule>.csv.gz``) and the instructions where warps wait most with the
+reasons (``attention_sass_<schedule>.json``): which barrier, load or GEMM wait the time goes to.
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,9 +71,102 @@ def workload():
     torch.cuda.nvtx.range_pop()
 
 
+def source_workload(schedule: str):
+    """Ours once inside the NVTX range, with ``schedule`` (the SASS profile's launch)."""
+    import torch
+
+    from cutetma import ops
+    from cutetma.kernels.attention_sm90 import AttentionConfig
+
+    s = SOURCE_SEQLEN
+    q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    cfg = AttentionConfig(head_dim=128, schedule=schedule)
+    for _ in range(2):
+        ops._run_attention(q, k, v, 128 ** -0.5, cfg)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profile")
+    ops._run_attention(q, k, v, 128 ** -0.5, cfg)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+SOURCE_SEQLEN = 512
+TOP = 40  # instructions kept in the JSON summary
+
+
+def _number(text):
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def summarize_sass(rows: list[dict]) -> dict:
+    """The instructions with the most stall samples, each with its stall reasons (the sample
+    columns of ncu's source page that are non-zero), and the totals per reason."""
+    if not rows:
+        return {"rows": 0}
+    columns = list(rows[0])
+    total_col = next((c for c in columns if "Sampling (All" in c), None)
+    reasons = [c for c in columns if c.startswith("stall_") or "stalled" in c.lower()]
+    source_col = next((c for c in columns if c.strip() in ("Source", "SASS")), columns[1])
+    address_col = next((c for c in columns if "Address" in c), columns[0])
+    totals = {c: sum(_number(r[c]) for r in rows) for c in reasons}
+    ranked = sorted(rows, key=lambda r: -_number(r.get(total_col, 0))) if total_col else []
+    top = []
+    for r in ranked[:TOP]:
+        why = {c: _number(r[c]) for c in reasons if _number(r[c])}
+        top.append({"address": r.get(address_col), "sass": r.get(source_col),
+                    "samples": _number(r.get(total_col, 0)),
+                    "reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:4])})
+    return {"rows": len(rows), "columns": columns, "samples_total":
+            sum(_number(r.get(total_col, 0)) for r in rows) if total_col else None,
+            "reason_totals": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+            "top": top}
+
+
+def run_source(out_dir: Path, schedules) -> int:
+    found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
+    ncu = shutil.which("ncu") or (str(found[-1]) if found else None)
+    if not ncu:
+        print("ncu not found")
+        return 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for schedule in schedules:
+        report = out_dir / f"attention_sass_{schedule}"
+        profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
+                   "--section", "SourceCounters", "--section", "WarpStateStats",
+                   "--import-source", "no", "-f", "-o", str(report),
+                   sys.executable, __file__, "--source-workload", schedule]
+        proc = subprocess.run(profile, capture_output=True, text=True, timeout=300)
+        print(" ".join(profile[:-4]), "->", proc.returncode, proc.stderr[-500:])
+        page = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "source", "--csv",
+                               "--print-source", "sass"], capture_output=True, text=True,
+                              timeout=300)
+        text = page.stdout
+        start = text.find('"')
+        rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+        with gzip.open(out_dir / f"attention_sass_{schedule}.csv.gz", "wt") as f:
+            f.write(text)
+        summary = summarize_sass(rows)
+        summary.update(schedule=schedule, seqlen=SOURCE_SEQLEN, command=" ".join(profile[:-4]),
+                       stderr_tail=(proc.stderr + page.stderr)[-1500:])
+        (out_dir / f"attention_sass_{schedule}.json").write_text(json.dumps(summary, indent=1))
+        os.remove(f"{report}.ncu-rep") if os.path.exists(f"{report}.ncu-rep") else None
+        status = status or proc.returncode or page.returncode
+    return status
+
+
 if __name__ == "__main__":
     if "--workload" in sys.argv:
         workload()
+    elif "--source-workload" in sys.argv:
+        source_workload(sys.argv[sys.argv.index("--source-workload") + 1])
+    elif "--source" in sys.argv:
+        rest = sys.argv[sys.argv.index("--source") + 1:]
+        sys.exit(run_source(Path(rest[0]), rest[1:] or ["overlap", "pingpong"]))
     else:
         out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("attention_profile.json")
         sys.exit(run_ncu(out, __file__, ATTENTION_METRICS, ORDER))

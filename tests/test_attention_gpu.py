@@ -95,13 +95,14 @@ def test_gqa_mqa(heads, causal):
 def test_every_schedule(schedule, causal, head_dim):
     """Every schedule the benchmark compares, whichever is the default: with two consumer
     warpgroups (d = 128) and three (d = 64, block_m = 192: pingpong's turn goes round
-    three)."""
+    three). 16 heads: at s = 1023 the 132 CTAs walk two tiles or more each, so pingpong's
+    turn is passed on from one tile to the next."""
     import torch
 
     for s_q, s_k in [(1, 1), (113, 203), (1023, 1023), (203, 113)]:
-        q = torch.randn(2, s_q, 4, head_dim, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(2, s_k, 4, head_dim, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(2, s_k, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(2, s_q, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.bfloat16)
         blocks = dict(block_m=192, block_n=96) if head_dim == 64 else {}
         check(q, k, v, causal, schedule=schedule, **blocks)
 

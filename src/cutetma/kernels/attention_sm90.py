@@ -587,12 +587,15 @@ class FlashAttentionSm90:
 
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
         # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
-        # named barriers); the last warpgroup opens the first turn and, at a tile's last
-        # block, does not pass it on: every barrier's arrivals match its owner's waits
-        last_wg = cfg.consumers - 1
-        my_turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
-        their_turn = pipeline.NamedBarrier(barrier_id=1 + (wg + 1) % cfg.consumers,
-                                           num_threads=2 * WARPGROUP)
+        # named barriers). The turn runs on across tiles (all warpgroups walk the same tiles,
+        # so they take the same number of turns): the first warpgroup starts its next tile's
+        # GEMMs while the last one still finishes its softmax, P V and epilogue. (Passing the
+        # turn only at the next tile's start left the tensor cores idle for an epilogue per
+        # tile.) The last warpgroup opens the first turn, once; its final pass is left
+        # unanswered when the CTA exits, as in FlashAttention-3.
+        if cutlass.const_expr(cfg.pingpong):
+            if wg == cfg.consumers - 1:
+                self._turn(pass_on=True)  # warpgroup 0 goes first
 
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
@@ -644,17 +647,13 @@ class FlashAttentionSm90:
                         # V_{j-1} (this iteration's P V) is waited for and released one iteration
                         # behind K_j
                         release = read.clone()
-                        if cutlass.const_expr(cfg.pingpong):
-                            if wg == last_wg:
-                                their_turn.arrive()  # warpgroup 0 goes first
                         # block 0: S_0 and its softmax; its P V is issued with S_1
                         self.loader.consumer_wait(pipe_k, read)
                         if cutlass.const_expr(cfg.pingpong):
-                            my_turn.arrive_and_wait()
+                            self._turn(pass_on=False)
                         self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                         if cutlass.const_expr(cfg.pingpong):
-                            if (wg != last_wg) | (n_blocks > 1):  # arrivals match the waits
-                                their_turn.arrive()
+                            self._turn(pass_on=True)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_k, read)
                         self._release_q_after(0, n_blocks, q_empty + q_stage)
@@ -665,15 +664,14 @@ class FlashAttentionSm90:
                         for j in cutlass.range(1, n_blocks, unroll=1):
                             self.loader.consumer_wait(pipe_k, read)
                             if cutlass.const_expr(cfg.pingpong):
-                                my_turn.arrive_and_wait()
+                                self._turn(pass_on=False)
                             # S_j, while O takes j-1's rescale
                             self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                             self._rescale(acc_o, correction)
                             self.loader.consumer_wait(pipe_v, release)
                             self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                             if cutlass.const_expr(cfg.pingpong):
-                                if (wg != last_wg) | (j < n_blocks - 1):
-                                    their_turn.arrive()
+                                self._turn(pass_on=True)
                             warpgroup.wait_group(1)  # S_j is in; P V may still run
                             self.loader.consumer_release(pipe_k, read)  # K_j is read
                             self._release_q_after(j, n_blocks, q_empty + q_stage)
@@ -695,6 +693,21 @@ class FlashAttentionSm90:
                                seqlen_q, scale_log2)
                 done += n_blocks
                 local += 1
+
+    @cute.jit
+    def _turn(self, pass_on: cutlass.Constexpr):
+        """pingpong: wait for this warpgroup's turn (its barrier, 1 + w), or pass the turn on to
+        the next warpgroup (arrive on its barrier). The warpgroup is read from the thread index
+        at each call rather than kept: a value live across the whole tile loop cost ptxas a
+        few spilled registers at d = 128."""
+        wg = cute.arch.thread_idx()[0] // WARPGROUP - 1
+        if cutlass.const_expr(pass_on):
+            wg = (wg + 1) % self.cfg.consumers
+        turn = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=2 * WARPGROUP)
+        if cutlass.const_expr(pass_on):
+            turn.arrive()
+        else:
+            turn.arrive_and_wait()
 
     @cute.jit
     def _q_slot(self, local):
