@@ -22,7 +22,6 @@ import csv
 import gzip
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -146,7 +145,7 @@ def run_source(out_dir: Path, schedules) -> int:
                                "--print-source", "sass"], capture_output=True, text=True,
                               timeout=300)
         text = page.stdout
-        start = text.find('"')
+        start = text.find('"Address"')  # the table's header (a "Kernel Name" line above it)
         rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
         with gzip.open(out_dir / f"attention_sass_{schedule}.csv.gz", "wt") as f:
             f.write(text)
@@ -154,7 +153,7 @@ def run_source(out_dir: Path, schedules) -> int:
         summary.update(schedule=schedule, seqlen=SOURCE_SEQLEN, command=" ".join(profile[:-4]),
                        stderr_tail=(proc.stderr + page.stderr)[-1500:])
         (out_dir / f"attention_sass_{schedule}.json").write_text(json.dumps(summary, indent=1))
-        os.remove(f"{report}.ncu-rep") if os.path.exists(f"{report}.ncu-rep") else None
+        Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
         status = status or proc.returncode or page.returncode
     return status
 
