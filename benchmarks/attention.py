@@ -8,7 +8,7 @@ d in {64, 128, 256}, s in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fp16 and b
 FLOPs = 4 b h s^2 d, halved for causal. Times: medians of ``triton.testing.do_bench`` over
 CUDA-graph replays (``benchmarks/gemm.py``'s ``bench``). Ours is checked against cuDNN's
 output first; a wrong or unsupported configuration becomes a row with an error.
-``tma`` / ``cp_async`` use the default consumer schedule for the head dim and mask
+``tma`` / ``cp_async`` use the default consumer schedule for the head dim, mask and dtype
 (``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
 intra-warpgroup overlap and pingpong, from which those defaults were chosen, and, where
@@ -105,7 +105,8 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
         def ours(mechanism=mechanism, config=config):
             if config is None:
                 return ops.attention(q, k, v, causal=causal, load=mechanism)
-            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, **config)
+            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, dtype=dtype,
+                                  **config)
             return ops._run_attention(q, k, v, d ** -0.5, cfg)[0]
         try:
             out = ours()

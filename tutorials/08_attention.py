@@ -126,25 +126,30 @@ Each schedule adds one step to the one before it, so the three form an ablation 
   V_{j-1}'s stage of the V ring, which the running P V reads. K_j's stage is freed as soon
   as S_j is in, before the softmax, so the producer can keep loading ahead.
 
-"pingpong" is FA3's inter-warpgroup schedule. The default for each (d, causal) is
-``BEST_SCHEDULE``, chosen from a measured ablation. For this build (fp16, TMA, persistent;
-the geometric mean over the six sequence lengths, relative to serial; the run of 18:46 UTC,
-2026-11-30, in ``attention.json``):
+"pingpong" is FA3's inter-warpgroup schedule. The default for each (d, causal, dtype) is
+``BEST_SCHEDULE``, chosen from a measured ablation. For this build (TMA, persistent, the
+16-byte-store epilogue; the geometric mean over the six sequence lengths, relative to serial;
+the run of 21:12 UTC, 2026-11-30, in ``attention_schedules.json``):
 
-    d    mask         overlap  pingpong  default
-    64   non-causal    1.02      1.01    overlap
-    64   causal        1.03      1.03    pingpong
-    128  non-causal    1.12      1.07    overlap
-    128  causal        1.06      0.99    overlap
-    256  non-causal    0.96      0.96    serial
-    256  causal        0.99      0.98    serial
+    d    mask         dtype   overlap  pingpong  default
+    64   non-causal   fp16     1.05      1.04    overlap
+    64   non-causal   bf16     0.93      0.93    serial
+    64   causal       fp16     1.01      1.02    pingpong
+    64   causal       bf16     0.87      0.92    serial
+    128  non-causal   both     1.12      1.09-1.12  overlap
+    128  causal       both     1.07-1.08 1.08    overlap
+    256  non-causal   both     0.95-0.97 0.95-0.98  serial
+    256  causal       both     0.97-1.00 0.97-0.99  serial
 
-* d = 128 gains the most from overlap. Pingpong is behind overlap there, and causal pingpong
-  is no faster than serial.
-* d = 64 is within 3% either way. Causal d = 64 is a tie in this run; its default,
-  pingpong, comes from the run before (1.06 against overlap's 1.04).
-* d = 256 stays serial. The separate rings did not change that: overlap and pingpong are
-  1-4% slower.
+* d = 128 gains the most from overlap. Causal pingpong is level with it (ahead at short s,
+  behind at 16k), so the default stays overlap.
+* d = 64 parts by dtype: the same source, but bf16's overlap and pingpong lose to serial by
+  4-21% in every cell, while fp16's win by a few percent. bf16 needs more registers than
+  fp16 (ptxas), and d = 64 is where the softmax is largest next to the GEMMs.
+* d = 256 stays serial: overlap and pingpong are 0-5% slower.
+* Pingpong's turn runs on from one tile to the next. It used to be handed over at the next
+  tile's start, which left the tensor cores idle for an epilogue per tile; fixing that moved
+  pingpong up by about 1% (it had been 5% behind overlap at d = 128).
 * The persistent grid beats one CTA per tile by a median 1.12x over all 72 cells (fp16 and
   bf16, the default schedule in both). It matters most for causal d = 128, where one CTA per
   tile runs at 0.78 of serial-persistent (fp16 geomean). It is not faster everywhere: one CTA
@@ -526,7 +531,7 @@ def measured() -> str:
           "one CTA per tile")
     for d, s, causal in ABLATION_CELLS:
         r = by_cell[("float16", d, s, causal)]
-        best = BEST_SCHEDULE[(d, causal)]
+        best = BEST_SCHEDULE[(d, causal, "float16")]
         cols = [f"{r['tma_' + x]:4.0f}{'*' if x == best else ' '}"
                 for x in ("serial", "overlap", "pingpong")]
         print(f"  d={d:>3} s={s:>5} {mask[causal]:<10} " + " / ".join(cols)
@@ -543,7 +548,7 @@ def measured() -> str:
         gains = [g for dd, g in alt if dd == d]
         print(f"d = {d}: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: "
               f"{min(gains):.2f}x to {max(gains):.2f}x")
-    repeat = sorted(r["tma"] / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"])]]
+    repeat = sorted(r["tma"] / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"], r["dtype"])]]
                     for r in rows if r.get("tma_serial"))
     print(f"the tma column re-times the default kernel: {repeat[0]:.3f}x to {repeat[-1]:.3f}x "
           f"its ablation timing (median {float(np.median(repeat)):.3f})")

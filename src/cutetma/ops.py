@@ -401,7 +401,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     from cutetma.kernels.attention_sm90 import AttentionConfig
 
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    cfg = AttentionConfig(head_dim=d, causal=causal, load=load)
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load,
+                          dtype=str(q.dtype).removeprefix("torch."))
     out, lse = _run_attention(q, k, v, scale, cfg)
     return (out, lse) if return_lse else out
 

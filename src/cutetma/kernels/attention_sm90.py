@@ -104,19 +104,31 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # 0.95-0.99x at s >= 4k (the lost stage alone costs as much). A second pass with two as the
 # d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024
 Q_STAGES = {(64, False): 2}
-# The default schedule per (head_dim, causal), from the ablation in benchmarks/attention.py
-# (H200, fp16, 16k tokens, s = 512..16k): the geometric mean over the six sequence lengths,
-# relative to serial, with this kernel build (persistent, split K/V rings, count-based tile
-# loop; run of 18:40 UTC, 2026-11-30; single cells move by up to ~9% between runs):
-#   d = 64:   overlap 1.02, pingpong 1.00 (non-causal); overlap 1.04, pingpong 1.06 (causal)
-#   d = 128:  overlap 1.11, pingpong 1.06 (non-causal); overlap 1.04, pingpong 0.98 (causal)
-#   d = 256:  overlap 0.96, pingpong 0.96 (non-causal); overlap 0.99, pingpong 0.99 (causal)
-# The ranking follows ptxas's register allocation as much as the schedule: the build before
-# (strided tile loop) measured overlap = serial at d = 128 non-causal in two runs, and with
-# one CTA per tile and one K+V ring (session 2) pingpong led at d = 64 by 1.11x and overlap
-# lost 1.4x at d = 256. Re-measure after any change to the consumer.
-BEST_SCHEDULE = {(64, False): "overlap", (64, True): "pingpong", (128, False): "overlap",
-                 (128, True): "overlap", (256, False): "serial", (256, True): "serial"}
+# The default schedule per (head_dim, causal, dtype), from the ablation of all three on the
+# H200 (benchmarks/attention.py --variants tma_serial tma_overlap tma_pingpong: both dtypes,
+# 16k tokens, s = 512..16k; run of 21:12 UTC, 2026-11-30, after the 16-byte-store epilogue
+# and the pingpong turn that runs on across tiles; the geometric mean over the six sequence
+# lengths relative to cuDNN, fp16 and bf16 together):
+#   d = 64:   serial 0.935, overlap 0.926, pingpong 0.917 (non-causal);
+#             serial 0.951, overlap 0.892, pingpong 0.918 (causal)
+#   d = 128:  serial 0.878, overlap 0.983, pingpong 0.970 (non-causal);
+#             serial 0.959, overlap 1.029, pingpong 1.037 (causal: pingpong ahead at s <= 4k,
+#             behind at 16k, +0.8%; +1.3% in the run before: within a cell's noise, kept)
+#   d = 256:  serial 0.931, overlap 0.891, pingpong 0.899 (non-causal);
+#             serial 1.003, overlap 0.989, pingpong 0.982 (causal)
+# At d = 64 the dtypes part: bf16 serial beats overlap by 4-21% in every cell (pingpong by
+# 4-13%), fp16 serial loses by 3-6% non-causal and 1-3% causal (the same source, a different
+# ptxas allocation: bf16 needs more registers), so d = 64 picks per dtype. Single cells move by
+# up to ~5% between runs: re-measure after any change to the consumer.
+BEST_SCHEDULE = {
+    (64, False, "float16"): "overlap", (64, False, "bfloat16"): "serial",
+    (64, True, "float16"): "pingpong", (64, True, "bfloat16"): "serial",
+    (128, False, "float16"): "overlap", (128, False, "bfloat16"): "overlap",
+    (128, True, "float16"): "overlap", (128, True, "bfloat16"): "overlap",
+    (256, False, "float16"): "serial", (256, False, "bfloat16"): "serial",
+    (256, True, "float16"): "serial", (256, True, "bfloat16"): "serial",
+}
+DTYPES = ("float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +151,10 @@ class AttentionConfig:
     #   P V runs (FlashAttention-3's intra-warpgroup overlap);
     # "pingpong": "overlap", and the warpgroups take turns issuing their GEMMs (named
     #   barriers), so one's softmax runs under the other's GEMMs.
-    schedule: str = ""  # "": the one measured fastest for this head dim and mask (BEST_SCHEDULE)
+    schedule: str = ""  # "": the one measured fastest for this head dim, mask and dtype
+    # the element type the defaults are chosen for (BEST_SCHEDULE differs by dtype at d = 64);
+    # the kernel is compiled for the tensors' own type whatever this says
+    dtype: str = "float16"
     # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
     # tile's Q and K/V loads run under this tile's epilogue; False: one CTA per tile
     persistent: bool = True
@@ -156,9 +171,11 @@ class AttentionConfig:
             object.__setattr__(self, "q_stages", Q_STAGES.get((self.head_dim, self.causal), 1))
         if not self.stages:
             object.__setattr__(self, "stages", min(3, self.max_stages))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: one of {DTYPES}")
         if not self.schedule:
-            object.__setattr__(self, "schedule", BEST_SCHEDULE.get((self.head_dim, self.causal),
-                                                                   "pingpong"))
+            object.__setattr__(self, "schedule",
+                               BEST_SCHEDULE[(self.head_dim, self.causal, self.dtype)])
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
         if self.block_m not in (128, 192):
