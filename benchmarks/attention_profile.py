@@ -126,6 +126,8 @@ def summarize_sass(rows: list[dict]) -> dict:
 
 
 def run_source(out_dir: Path, schedules) -> int:
+    from cutetma import results
+
     found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
     ncu = shutil.which("ncu") or (str(found[-1]) if found else None)
     if not ncu:
@@ -150,8 +152,9 @@ def run_source(out_dir: Path, schedules) -> int:
         with gzip.open(out_dir / f"attention_sass_{schedule}.csv.gz", "wt") as f:
             f.write(text)
         summary = summarize_sass(rows)
-        summary.update(schedule=schedule, seqlen=SOURCE_SEQLEN, command=" ".join(profile[:-4]),
-                       stderr_tail=(proc.stderr + page.stderr)[-1500:])
+        summary = {"meta": results.meta(" ".join(profile[:-4])), "schedule": schedule,
+                   "seqlen": SOURCE_SEQLEN, **summary,
+                   "stderr_tail": (proc.stderr + page.stderr)[-1500:]}
         (out_dir / f"attention_sass_{schedule}.json").write_text(json.dumps(summary, indent=1))
         Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
         status = status or proc.returncode or page.returncode

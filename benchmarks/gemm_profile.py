@@ -69,7 +69,9 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
     rows = list(csv.DictReader(io.StringIO(text)))
     table = [{"kernel": r.get("Kernel Name", "")[:80], **{m: r.get(m) for m in metrics}}
              for r in rows]
-    out.write_text(json.dumps({"command": " ".join(cmd[:-3]), "rows": table,
+    from cutetma import results
+
+    out.write_text(json.dumps({"meta": results.meta(" ".join(cmd[:-3])), "rows": table,
                                "order": list(order),
                                "stdout_tail": proc.stdout[-3000:],
                                "stderr_tail": proc.stderr[-2000:]}, indent=1))

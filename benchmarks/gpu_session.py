@@ -8,19 +8,22 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Session 4's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``)::
+Session 5's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``; files
+written under /tmp and returned as one tarball, since at most 8 files come back)::
 
-    source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests attention_bench \
-        --test-timeout 60 --tests-budget 230 --pytest tests/test_attention_gpu.py
-    source .gpu/prelude.sh && python benchmarks/gpu_session.py --only gemm_bench
-    source .gpu/prelude.sh && python benchmarks/attention_profile.py $OUT/attention_profile.json
-    source .gpu/prelude.sh && python benchmarks/attention.py --variants tma tma_two_q \
-        tma_two_kv_stages --head-dims 128 --out $OUT/d128
+    source .gpu/prelude.sh && python benchmarks/gpu_session.py --only tests \
+        --test-timeout 90 --tests-budget 250 --pytest tests/test_attention_gpu.py
+    source .gpu/prelude.sh && python benchmarks/attention.py --variants tma_serial \
+        tma_overlap tma_pingpong --out /tmp/r/sched        # the schedule ablation, both dtypes
+    source .gpu/prelude.sh && python benchmarks/attention_profile.py --source /tmp/r/sass overlap
+    source .gpu/prelude.sh && python benchmarks/attention.py --out /tmp/r/grid
+    source .gpu/prelude.sh && python benchmarks/attention_profile.py /tmp/r/attention_profile.json
+    tar czf $OUT/r.tgz -C /tmp r
 
-(about 5.5 minutes: 53 GPU tests, then the 72-cell attention grid with its ablations; the
-GEMM grid about 4.5 minutes on its own; the ncu profile under a minute). Results go to $OUT
-only: do not copy the snapshot's own results over them. An A/B of two builds:
-``benchmarks/attention.py --default-only`` from each snapshot, twice, interleaved.
+(57 GPU tests about 2.5 minutes; the 72-cell attention grid with its ablations under 3; the
+GEMM grid (``--only gemm_bench``) about 4.5 minutes on its own; each ncu profile under a
+minute). Results go to $OUT only: do not copy the snapshot's own results over them. An A/B of
+two builds: ``benchmarks/attention.py --variants tma`` from each snapshot, twice, interleaved.
 """
 
 from __future__ import annotations

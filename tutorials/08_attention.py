@@ -95,14 +95,20 @@ The pieces, mapped (tutorial numbers in parentheses):
 * *GQA / MQA without copies*: K and V are viewed as (s_k, d, (group, h_kv), b) with stride 0
   over the group, so query head hq's tile reads key/value head hq // group. Each CTA still
   loads its K/V blocks itself; CTAs that share a head only share them through L2.
-* *setmaxnreg* (07): ``REGISTERS`` gives the budgets. With TMA the producer keeps 40
-  registers and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512 of the SM's 65,536.
-  The cp.async producer keeps 56 and the consumers get 224 each. With three consumer
-  warpgroups (``block_m=192``) every consumer gets 160 and either producer 32.
-* *The epilogue*: O / l is converted to fp16/bf16 and stored straight from registers. A
-  thread holds columns 2t and 2t + 1 of each group of 8, so it writes each pair with one
-  4-byte store. The LSE is written by one thread per row. There is no TMA store: FA3 stages
-  O in shared memory and stores it by TMA (04).
+* *setmaxnreg* (07): ``REGISTERS`` gives the budgets. Either producer keeps 40 registers
+  and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512, which is exactly what the launch
+  gave the CTA (168 per thread for 384 threads), not the SM's 65,536. ``setmaxnreg.inc``
+  waits until registers are free, so a budget over the launch's allocation never gets them:
+  48 / 232 for the cp.async producer hung the kernel on the H200, and the test now checks the
+  launch's figure. With three consumer warpgroups (``block_m=192``) every consumer gets 160
+  and either producer 32.
+* *The epilogue*: O / l is converted to fp16/bf16 and stored from registers, 16 bytes at a
+  time. A thread holds columns 2t and 2t + 1 of each group of 8; the four threads of a row
+  swap those 4-byte pairs in two butterfly shuffle steps (a 4 x 4 transpose inside each 32
+  columns) so that each ends with 8 contiguous columns. That is d / 8 stores per thread
+  instead of d / 2, each filling whole 32-byte sectors. The LSE is written by one thread per
+  row. There is no TMA store: FA3 stages O in shared memory and stores it by TMA (04), and
+  here shared memory is full with 3 K/V stages at d = 128.
 
 **The consumers' schedule** (``AttentionConfig.schedule``) makes FA3's two overlaps optional.
 Each schedule adds one step to the one before it, so the three form an ablation ladder:
@@ -150,10 +156,11 @@ the run of 21:12 UTC, 2026-11-30, in ``attention_schedules.json``):
 * Pingpong's turn runs on from one tile to the next. It used to be handed over at the next
   tile's start, which left the tensor cores idle for an epilogue per tile; fixing that moved
   pingpong up by about 1% (it had been 5% behind overlap at d = 128).
-* The persistent grid beats one CTA per tile by a median 1.12x over all 72 cells (fp16 and
-  bf16, the default schedule in both). It matters most for causal d = 128, where one CTA per
-  tile runs at 0.78 of serial-persistent (fp16 geomean). It is not faster everywhere: one CTA
-  per tile wins 10 of the 72 cells, 9 of them at d = 64 from s = 4k (by up to 9%).
+* The persistent grid beats one CTA per tile by a median 1.13x over all 72 cells (fp16 and
+  bf16, the default schedule in both; attention.json). It matters most for causal d = 128:
+  at 8k, fp16, one CTA per tile reaches 436 TFLOP/s against the persistent 603. It is not
+  faster everywhere: one CTA per tile wins 4 of the 72 cells, fp16 at s >= 8k (d = 64, and
+  d = 256 causal at 16k), by up to 2%.
 
 The ranking follows ptxas's register allocation as much as the schedule. An earlier build of
 the same persistent kernel walked its items with a strided loop,
@@ -170,7 +177,7 @@ kernel timed twice differs by up to 9% (the last line of section 6).
 
 * a dynamic tile scheduler: FA3's persistent CTAs can take their next tile from an atomic
   counter, while this kernel's round robin is static, fixed at launch;
-* a TMA-store epilogue;
+* a TMA-store epilogue (this one stores 16 bytes per thread from registers, above);
 * cluster multicast of K/V: FA3 can pair CTAs of neighbouring query blocks in a cluster and
   multicast each K/V block to both (06);
 * FP8;
@@ -187,46 +194,52 @@ the async one. TMA zero-fills key rows past s_k. The cp.async producer writes ze
 rows there, and K's rows there are masked to -inf anyway.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-11-30,
-``python benchmarks/gpu_session.py --only tests attention_bench --test-timeout 60
---tests-budget 230 --pytest tests/test_attention_gpu.py``, 19:44 UTC). Section 6 of this script prints
-this from the JSON:
+``python benchmarks/attention.py``, 21:19 UTC, after the GPU tests passed on the same build).
+Section 6 of this script prints this from the JSON:
 
     == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-11-30)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)
     dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
-    float16   64  16384  non-causal    463    304    431       425       0.93
-    float16  128    512  non-causal    513    300    449       405       0.87
-    float16  128   8192  non-causal    665    335    648       584       0.98
-    float16  128   8192  causal        599    300    631       452       1.05
-    float16  256  16384  causal        643    267    642       560       1.00
-    bfloat16 128  16384  causal        640    319    667       471       1.04
-    over all 72 cells: tma/cudnn geomean 0.926 (0.789 to 1.074)
-    geomean by s: 512 0.86, 1024 0.90, 2048 0.93, 4096 0.94, 8192 0.96, 16384 0.97
-    d = 128, s >= 2k: 0.943 to 1.074, at or above cuDNN in 10 of 16 cells
-    peak: 687 TFLOP/s (bfloat16, d = 256, non-causal, s = 16384)
-    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.090x
+    float16   64  16384  non-causal    496    305    452       435       0.91
+    float16  128    512  non-causal    521    300    511       479       0.98
+    float16  128   8192  non-causal    652    335    635       568       0.97
+    float16  128   8192  causal        599    284    613       543       1.02
+    float16  256  16384  causal        643    280    604       560       0.94
+    bfloat16 128  16384  causal        641    306    669       571       1.04
+    over all 72 cells: tma/cudnn geomean 0.981 (0.843 to 1.071)
+    geomean by s: 512 0.98, 1024 0.99, 2048 1.00, 4096 0.98, 8192 0.99, 16384 0.95
+    d = 128, s >= 2k: 0.907 to 1.071, at or above cuDNN in 11 of 16 cells
+    peak: 705 TFLOP/s (bfloat16, d = 128, non-causal, s = 8192)
+    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.118x
     ablation, fp16 TMA: serial / overlap / pingpong, persistent (default *) | one CTA per tile
-      d= 64 s= 8192 non-causal  438  /  424* /  428  |  447
-      d= 64 s= 8192 causal      389  /  408  /  416* |  410
-      d=128 s= 8192 non-causal  556  /  627* /  622  |  623
-      d=128 s= 8192 causal      543  /  601* /  579  |  453
-      d=256 s= 8192 non-causal  622* /  615  /  629  |  609
-      d=256 s=16384 causal      607* /  604  /  606  |  628
-    the default over serial / overlap / pingpong, median over fp16 cells: 1.033 / 1.025 / 1.030
-    the persistent grid over one CTA per tile, median over all 72 cells: 1.101x (slower in 10)
-    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.96x to 1.63x
-    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.97x to 1.04x
-    the tma column re-times the default kernel: 0.992x to 1.105x its ablation timing (median 1.019)
+      d= 64 s= 8192 non-causal  420  /  438* /  427  |  453
+      d= 64 s= 8192 causal      402  /  411  /  417* |  400
+      d=128 s= 8192 non-causal  544  /  626* /  624  |  599
+      d=128 s= 8192 causal      528  /  603* /  594  |  436
+      d=256 s= 8192 non-causal  613* /  613  /  610  |  609
+      d=256 s=16384 causal      597* /  609  /  588  |  611
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.064 / 1.023 / 1.024
+    the persistent grid over one CTA per tile, median over all 72 cells: 1.131x (slower in 4)
+    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 1.01x to 1.70x
+    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.96x to 1.08x
+    the tma column re-times the default kernel: 0.985x to 1.105x its ablation timing (median 1.013)
 
-Over the 72 cells the TMA kernel reaches a geomean 0.926 of cuDNN. By sequence length it is
-0.86 (512), 0.90 (1k), 0.93 (2k), 0.94 (4k), 0.96 (8k) and 0.97 (16k). At d = 128 and
-s >= 2k it runs at 0.943-1.074 of cuDNN and is at or above it in 10 of 16 cells: every causal
-cell from 4k, fp16 causal at 2k, bf16 non-causal at 8k and non-causal at 16k. The peak is
-687 TFLOP/s. The gap that remains is at short sequences. At s = 512 a tile has at most 4 key
-blocks (8 at d = 256), so per-tile fixed costs (the loads at a tile's start, the first
-softmax, the epilogue) weigh the most. Nsight Compute agrees (``attention_profile.json``):
-at s = 512, d = 128 the kernel issues as many instructions as cuDNN's, but its tensor pipe is
-busy 52% of the time against cuDNN's 62%, its warps stalling on memory 1.75x as often.
+Over the 72 cells the TMA kernel reaches a geomean 0.981 of cuDNN (0.926 before the
+epilogue below). By sequence length it is 0.98 (512), 0.99 (1k), 1.00 (2k), 0.98 (4k),
+0.99 (8k) and 0.95 (16k); by head dim 0.96 (64), 1.01 (128) and 0.97 (256). At d = 128 and
+s >= 2k it runs at 0.907-1.071 of cuDNN and is at or above it in 11 of 16 cells: every
+causal cell and bf16 non-causal from 2k to 8k; fp16 non-causal stays below (0.91-0.98), as
+does bf16 non-causal at 16k (0.96). The peak is 705 TFLOP/s.
+
+What closed most of the gap at short sequences was the epilogue. Nsight Compute's source
+counters (``attention_sass.json``, d = 128, s = 512) put a quarter of the consumers' stall
+samples in the old epilogue, which wrote O with d / 2 four-byte stores per thread: the stores
+queued in the LSU, and the next tile's first instruction waited for them to read their
+registers. Now the four threads of a row swap their pairs with two butterfly shuffle steps
+(a 4 x 4 transpose inside each 32 columns), and each thread writes 8 contiguous columns with
+one 16-byte store. The epilogue's samples fell from 3,726 to 1,443, and the kernel's time at
+s = 512 from 155.6 to 134.7 us against cuDNN's 131.7 (``attention_profile.json``): the
+tensor pipe is busy 61% of the time against cuDNN's 62% (it was 52%).
 
 FlashAttention-3's d = 64 tile, 192 query rows for three consumer warpgroups
 (``block_m=192``), is here too, and the ALT_BLOCKS line above measures it: it gives each

@@ -54,7 +54,8 @@ registers, 64K over 384 or 512 threads, allow no second) walks the work items ro
 (query block, head, batch) tile, or, causal, query blocks M-1-i and i of one head, so every
 item costs the same key blocks (``_tile_coords``). Register pressure is at the edge: check
 ptxas (C7512, spills) after any change to the consumer (tests/test_attention_ptx.py does).
-Not yet here (FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
+O leaves by 16-byte stores from registers after a quad transpose (``_epilogue``); not yet here
+(FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class FlashAttentionSm90:
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
-        # its strides are as aligned as Q's (the epilogue's 4-byte pair stores rely on it)
+        # its strides are as aligned as Q's (the epilogue's 16-byte stores rely on it)
         mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
