@@ -8,12 +8,13 @@ it closes.
 The launches inside the NVTX range "profile" are measured (compiles and warm-ups are
 outside it); ``gemm_profile.run_ncu`` builds the ncu command and writes the table.
 
-    python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE ...]
+    python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE[:DTYPE[:SEQLEN]] ...]
 
-profiles ours alone (d = 128 fp16 non-causal, s = 512) once per schedule with ncu's source
-counters and writes, per schedule, the SASS listing with its warp-stall samples
-(``attention_sass_<schedule>.csv.gz``) and the instructions where warps wait most with the
-reasons (``attention_sass_<schedule>.json``): which barrier, load or GEMM wait the time goes to.
+profiles ours alone (d = 128 non-causal; fp16 and s = 512 unless named) once per spec with
+ncu's source counters and writes, per spec, the SASS listing with its warp-stall samples
+(``attention_sass_<spec>.csv.gz``) and the launch's time, clock and instruction count with the
+instructions where warps wait most and the reasons (``attention_sass_<spec>.json``): which
+barrier, load or GEMM wait the time goes to.
 """
 
 from __future__ import annotations
@@ -70,17 +71,19 @@ def workload():
     torch.cuda.nvtx.range_pop()
 
 
-def source_workload(schedule: str):
-    """Ours once inside the NVTX range, with ``schedule`` (the SASS profile's launch)."""
+def source_workload(spec: str):
+    """Ours once inside the NVTX range (the SASS profile's launch). ``spec``:
+    ``schedule[:dtype[:seqlen]]``, e.g. ``overlap`` or ``overlap:bfloat16:2048`` (d = 128,
+    non-causal, 16k tokens; fp16 and s = 512 where not named)."""
     import torch
 
     from cutetma import ops
     from cutetma.kernels.attention_sm90 import AttentionConfig
 
-    s = SOURCE_SEQLEN
-    q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=torch.float16)
+    schedule, dtype, s = _parse_spec(spec)
+    q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=getattr(torch, dtype))
                for _ in range(3))
-    cfg = AttentionConfig(head_dim=128, schedule=schedule)
+    cfg = AttentionConfig(head_dim=128, schedule=schedule, dtype=dtype)
     for _ in range(2):
         ops._run_attention(q, k, v, 128 ** -0.5, cfg)
     torch.cuda.synchronize()
@@ -91,7 +94,18 @@ def source_workload(schedule: str):
 
 
 SOURCE_SEQLEN = 512
+
+
+def _parse_spec(spec: str):
+    """``schedule[:dtype[:seqlen]]`` -> (schedule, dtype, seqlen)."""
+    parts = spec.split(":")
+    return (parts[0], parts[1] if len(parts) > 1 else "float16",
+            int(parts[2]) if len(parts) > 2 else SOURCE_SEQLEN)
+
 TOP = 40  # instructions kept in the JSON summary
+LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+                  "smsp__inst_executed.sum",
+                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
 
 
 def _number(text):
@@ -136,9 +150,11 @@ def run_source(out_dir: Path, schedules) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     status = 0
     for schedule in schedules:
-        report = out_dir / f"attention_sass_{schedule}"
+        name = schedule.replace(":", "_")  # the spec: schedule[:dtype[:seqlen]]
+        report = out_dir / f"attention_sass_{name}"
         profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
                    "--section", "SourceCounters", "--section", "WarpStateStats",
+                   "--section", "SpeedOfLight",
                    "--import-source", "no", "-f", "-o", str(report),
                    sys.executable, __file__, "--source-workload", schedule]
         proc = subprocess.run(profile, capture_output=True, text=True, timeout=300)
@@ -146,16 +162,24 @@ def run_source(out_dir: Path, schedules) -> int:
         page = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "source", "--csv",
                                "--print-source", "sass"], capture_output=True, text=True,
                               timeout=300)
+        raw = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "raw", "--csv",
+                              "--metrics", ",".join(LAUNCH_METRICS)], capture_output=True,
+                             text=True, timeout=300).stdout
+        launch = list(csv.DictReader(io.StringIO(raw[raw.find('"ID"'):])))[-1:] \
+            if '"ID"' in raw else []
         text = page.stdout
         start = text.find('"Address"')  # the table's header (a "Kernel Name" line above it)
         rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
-        with gzip.open(out_dir / f"attention_sass_{schedule}.csv.gz", "wt") as f:
+        with gzip.open(out_dir / f"attention_sass_{name}.csv.gz", "wt") as f:
             f.write(text)
         summary = summarize_sass(rows)
+        schedule, dtype, seqlen = _parse_spec(schedule)
         summary = {"meta": results.meta(" ".join(profile[:-4])), "schedule": schedule,
-                   "seqlen": SOURCE_SEQLEN, **summary,
+                   "dtype": dtype, "seqlen": seqlen,
+                   "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,
+                   **summary,
                    "stderr_tail": (proc.stderr + page.stderr)[-1500:]}
-        (out_dir / f"attention_sass_{schedule}.json").write_text(json.dumps(summary, indent=1))
+        (out_dir / f"attention_sass_{name}.json").write_text(json.dumps(summary, indent=1))
         Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
         status = status or proc.returncode or page.returncode
     return status
