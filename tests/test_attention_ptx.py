@@ -221,6 +221,37 @@ def test_accumulator_layout_is_what_the_kernel_assumes(n):
     assert np.array_equal(col, 8 * (v // 4) + 2 * (lane % 4) + v % 2)
 
 
+def test_epilogue_quad_transpose_gives_each_thread_8_contiguous_columns():
+    """The epilogue's shuffles (QUAD_TRANSPOSE_STEPS, applied as ``_quad_transpose`` does:
+    the lane with bit m set sends word a and takes the partner's word into a, the other sends
+    b and takes into b). Before: word q of lane t is its pair of 8-column group 4 k + q,
+    columns 8 (4 k + q) + 2 t (the accumulator layout above). After: lane t must hold
+    columns 32 k + 8 t + 2 q in word q, the 8 contiguous columns of chunk 4 k + t it stores."""
+    from cutetma.kernels.attention_sm90 import QUAD_TRANSPOSE_STEPS
+
+    k = 3  # any 32-column block
+    words = [[8 * (4 * k + q) + 2 * t for q in range(4)] for t in range(4)]  # first column
+    for m, a, b in QUAD_TRANSPOSE_STEPS:
+        sent = [w[a] if t & m else w[b] for t, w in enumerate(words)]
+        for t, w in enumerate(words):
+            got = sent[t ^ m]  # shfl.bfly by m
+            if t & m:
+                w[a] = got
+            else:
+                w[b] = got
+    assert words == [[32 * k + 8 * t + 2 * q for q in range(4)] for t in range(4)]
+    assert len(QUAD_TRANSPOSE_STEPS) == 4  # 4 shuffles per 32 columns and row
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_epilogue_stores_16_bytes(head_dim):
+    """O leaves by one 16-byte store per 8 columns of each of a thread's two rows (d / 32
+    chunks per row); the only 4-byte global stores are the LSE's, one per row."""
+    ptx = kernels.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
+    assert ptx.count("st.global.v4.b32") == 2 * head_dim // 32
+    assert len(re.findall(r"st\.global\.(?:b32|f32)\b", ptx)) == 2
+
+
 def test_p_in_registers_is_the_a_operand():
     """P V takes P from registers: value j of a thread's A fragment (one k16 slice) must be
     the same (row, column) as accumulator value 8 kb + j of S, so converting S element by

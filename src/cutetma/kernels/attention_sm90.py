@@ -130,6 +130,11 @@ BEST_SCHEDULE = {
     (256, True, "float16"): "serial", (256, True, "bfloat16"): "serial",
 }
 DTYPES = ("float16", "bfloat16")
+# The epilogue's 4 x 4 transpose across the 4 lanes of a quad (word q of lane t <- word t of
+# lane q), as butterfly steps (lane offset m, words a, b = a | m): lanes m apart swap, the lane
+# with bit m set giving its word a for the partner's word b, the other its b for the partner's
+# a (lane t's word q <- lane t^m's word q^m wherever bit m of q and t differ). Steps m = 1, 2.
+QUAD_TRANSPOSE_STEPS = tuple((m, a, a | m) for m in (1, 2) for a in range(4) if not a & m)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -870,19 +875,16 @@ class FlashAttentionSm90:
     @staticmethod
     @cute.jit
     def _quad_transpose(words, quad):
-        """Word q of lane ``quad`` (of 4 lanes) <- word ``quad`` of lane q: a 4 x 4 transpose
-        across a quad in two butterfly steps. Step m swaps, between lanes m apart, the words
-        whose bit m differs from the lane's (lane t's word q <- lane t^m's word q^m). Every lane
-        shuffles the same register; a select picks which of its two words it sends."""
-        for m in cutlass.range_constexpr(1, 3):
-            upper = (quad & m) != 0  # this lane keeps the words with bit m set
-            for a in cutlass.range_constexpr(4):
-                if cutlass.const_expr(a & m == 0):
-                    b = a | m
-                    send = cutlass.select_(upper, words[a], words[b])
-                    got = cute.arch.shuffle_sync_bfly(cutlass.Int32(send), offset=m)
-                    words[a] = cutlass.select_(upper, got, words[a])
-                    words[b] = cutlass.select_(upper, words[b], got)
+        """Word q of lane ``quad`` (of 4 lanes) <- word ``quad`` of lane q, by the butterfly
+        steps of ``QUAD_TRANSPOSE_STEPS``. Every lane shuffles the same register; a select
+        picks which of its two words it sends and which the partner's word replaces."""
+        for step in cutlass.range_constexpr(len(QUAD_TRANSPOSE_STEPS)):
+            m, a, b = QUAD_TRANSPOSE_STEPS[step]
+            upper = (quad & m) != 0  # this lane keeps word b and replaces word a
+            send = cutlass.select_(upper, words[a], words[b])
+            got = cute.arch.shuffle_sync_bfly(cutlass.Int32(send), offset=m)
+            words[a] = cutlass.select_(upper, got, words[a])
+            words[b] = cutlass.select_(upper, words[b], got)
 
 
 def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None):
