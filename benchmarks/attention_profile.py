@@ -41,6 +41,13 @@ ATTENTION_METRICS = METRICS + [
 ]
 SEQLENS = (512, 2048)
 ORDER = [f"{who}_s{s}" for s in SEQLENS for who in ("ours_tma", "cudnn")]
+# the SASS profile (--source): its default sequence length, the instructions kept in its JSON
+# summary, and the launch-wide counters read beside the per-instruction ones
+SOURCE_SEQLEN = 512
+TOP = 40
+LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+                  "smsp__inst_executed.sum",
+                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
 
 
 def workload():
@@ -71,6 +78,13 @@ def workload():
     torch.cuda.nvtx.range_pop()
 
 
+def _parse_spec(spec: str):
+    """``schedule[:dtype[:seqlen]]`` -> (schedule, dtype, seqlen)."""
+    parts = spec.split(":")
+    return (parts[0], parts[1] if len(parts) > 1 else "float16",
+            int(parts[2]) if len(parts) > 2 else SOURCE_SEQLEN)
+
+
 def source_workload(spec: str):
     """Ours once inside the NVTX range (the SASS profile's launch). ``spec``:
     ``schedule[:dtype[:seqlen]]``, e.g. ``overlap`` or ``overlap:bfloat16:2048`` (d = 128,
@@ -93,19 +107,6 @@ def source_workload(spec: str):
     torch.cuda.nvtx.range_pop()
 
 
-SOURCE_SEQLEN = 512
-
-
-def _parse_spec(spec: str):
-    """``schedule[:dtype[:seqlen]]`` -> (schedule, dtype, seqlen)."""
-    parts = spec.split(":")
-    return (parts[0], parts[1] if len(parts) > 1 else "float16",
-            int(parts[2]) if len(parts) > 2 else SOURCE_SEQLEN)
-
-TOP = 40  # instructions kept in the JSON summary
-LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
-                  "smsp__inst_executed.sum",
-                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
 
 
 def _number(text):

@@ -77,13 +77,12 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 WARPGROUP = 128
 LOG2_E = 1.4426950408889634
-# setmaxnreg budgets (producer, each consumer) per (load, consumer warpgroups): 128 x (p + w c)
-# must fit the SM's 64K registers; the cp.async producer is a whole warpgroup computing
-# addresses, so it keeps more than the TMA producer's one issuing warp
-# (with three consumers, 160 is the most they can have, and the cp.async producer must make do
-# with 32 as well: at 56 / 152 ptxas serialized the WGMMAs of bf16 pingpong). The sum may not
-# exceed what the launch gave the CTA (p + w c <= (1 + w) x 168 for 384 threads: setmaxnreg.inc
-# waits for registers no warpgroup will free; 48 / 232 hung the cp.async kernel on the H200).
+# setmaxnreg budgets (producer, each consumer) per (load, consumer warpgroups w): p + w c may
+# not exceed what the launch gave the CTA's 1 + w warpgroups, 64K / threads per thread rounded
+# down to 8 (168 for 384 threads: p + 2 c <= 504, not 512): setmaxnreg.inc waits for registers
+# no warpgroup will free (48 / 232 hung the cp.async kernel on the H200). With three consumers
+# 160 is the most they can have, and the cp.async producer must make do with 32 as well (at
+# 56 / 152 ptxas serialized the WGMMAs of bf16 pingpong).
 # cp.async with two consumers: 40 / 232 since the 16-byte-store epilogue (at 56 / 224 the bf16
 # d = 128 causal consumers spilled 188 bytes; at 40 its producer spills 16 bytes, causal only)
 REGISTERS = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
