@@ -23,13 +23,12 @@ import csv
 import gzip
 import io
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_profile import METRICS, run_ncu  # noqa: E402
+from gemm_profile import METRICS, find_ncu, run_ncu  # noqa: E402
 
 # what the attention gap could be: tensor pipe idle (bubbles between tiles, the first
 # block's softmax), warps waiting on barriers (mbarrier waits show as long scoreboard or
@@ -107,8 +106,6 @@ def source_workload(spec: str):
     torch.cuda.nvtx.range_pop()
 
 
-
-
 def _number(text):
     try:
         return float(str(text).replace(",", ""))
@@ -140,24 +137,24 @@ def summarize_sass(rows: list[dict]) -> dict:
             "top": top}
 
 
-def run_source(out_dir: Path, schedules) -> int:
+def run_source(out_dir: Path, specs) -> int:
+    """One ncu source-counter profile per spec (``schedule[:dtype[:seqlen]]``)."""
     from cutetma import results
 
-    found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
-    ncu = shutil.which("ncu") or (str(found[-1]) if found else None)
+    ncu = find_ncu()
     if not ncu:
         print("ncu not found")
         return 1
     out_dir.mkdir(parents=True, exist_ok=True)
     status = 0
-    for schedule in schedules:
-        name = schedule.replace(":", "_")  # the spec: schedule[:dtype[:seqlen]]
+    for spec in specs:
+        name = spec.replace(":", "_")
         report = out_dir / f"attention_sass_{name}"
         profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
                    "--section", "SourceCounters", "--section", "WarpStateStats",
                    "--section", "SpeedOfLight",
                    "--import-source", "no", "-f", "-o", str(report),
-                   sys.executable, __file__, "--source-workload", schedule]
+                   sys.executable, __file__, "--source-workload", spec]
         proc = subprocess.run(profile, capture_output=True, text=True, timeout=300)
         print(" ".join(profile[:-4]), "->", proc.returncode, proc.stderr[-500:])
         page = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "source", "--csv",
@@ -174,7 +171,7 @@ def run_source(out_dir: Path, schedules) -> int:
         with gzip.open(out_dir / f"attention_sass_{name}.csv.gz", "wt") as f:
             f.write(text)
         summary = summarize_sass(rows)
-        schedule, dtype, seqlen = _parse_spec(schedule)
+        schedule, dtype, seqlen = _parse_spec(spec)
         summary = {"meta": results.meta(" ".join(profile[:-4])), "schedule": schedule,
                    "dtype": dtype, "seqlen": seqlen,
                    "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,

@@ -52,16 +52,21 @@ def workload():
     torch.cuda.nvtx.range_pop()
 
 
+def find_ncu() -> str | None:
+    """ncu on PATH, else the newest under /opt/nvidia/nsight-compute, else None."""
+    found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
+    return shutil.which("ncu") or (str(found[-1]) if found else None)
+
+
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
             order=("ours_tma", "ours_cp_async", "cublas")) -> int:
     """ncu over ``script --workload`` (its launches inside the NVTX range "profile"), the
     ``metrics`` of each launch as a JSON table in ``out``; ``order`` names the launches."""
-    found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
-    ncu = shutil.which("ncu") or (found[-1] if found else None)
+    ncu = find_ncu()
     if not ncu:
         print("ncu not found")
         return 1
-    cmd = [str(ncu), "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
+    cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
            "--metrics", ",".join(metrics), "--csv", "--page", "raw",
            sys.executable, script, "--workload"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
