@@ -40,6 +40,13 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
 
 
 SM_COUNT = 132
+STREAM_K_BELOW = 0.9  # stream-K candidates where the tiles' waves fill less of the SMs
+
+
+def wave_efficiency(m: int, n: int, tile, sm_count: int) -> float:
+    from cutetma.ops import wave_efficiency as rule
+
+    return rule(m, n, tile, sm_count)
 
 
 def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
@@ -58,6 +65,10 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     split_tile = (64, 128) if m <= 64 else (128, 128)
     if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:
         seen.append(dict(load=name, tile=split_tile, split_k=s))
+    if name in ("tma", "cp_async") and m > 64:  # stream-K where whole tiles leave SMs idle
+        for tile in ((128, 256), (128, 128)):
+            if wave_efficiency(m, n, tile, SM_COUNT) < STREAM_K_BELOW:
+                seen.append(dict(load=name, tile=tile, stream_k=True))
     for kwargs in MECHANISMS[name]:
         if m > 64:
             options = [kwargs]
@@ -69,7 +80,9 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     yield from seen
 
 
-def cells(quick: bool):
+def cells(quick: bool, only=None):
+    if only:  # "MxNxK" strings
+        return [tuple(int(x) for x in cell.split("x")) for cell in only]
     out = [(8192, 8192, 8192), (4096, 4096, 4096)]
     nk = PAPER_NK[:3] if quick else PAPER_NK
     ms = [64, 2048] if quick else PAPER_M
@@ -160,9 +173,9 @@ def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
     return row
 
 
-def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None) -> list[dict]:
+def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None) -> list[dict]:
     """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
-    todo = [(d, c) for d in dtypes for c in cells(quick)]
+    todo = [(d, c) for d in dtypes for c in cells(quick, only)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
         rows.append(measure_cell(dtype, *mnk))
@@ -232,20 +245,22 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few cells, for a smoke test")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--cells", nargs="*", metavar="MxNxK", help="only these shapes")
+    ap.add_argument("--name", default="gemm", help="results file name (default gemm)")
     args = ap.parse_args(argv)
     from cutetma import results
 
     out = Path(args.out)
     t0 = time.time()
     def checkpoint(rows):
-        results.write("gemm", rows, out, extra_meta={"complete": False})
+        results.write(args.name, rows, out, extra_meta={"complete": False})
 
-    rows = run(args.quick, checkpoint=checkpoint)
+    rows = run(args.quick, checkpoint=checkpoint, only=args.cells)
     summary = summarize(rows)
-    path = results.write("gemm", rows, out, extra_meta={"summary": summary, "complete": True,
-                                                        "seconds": round(time.time() - t0)})
-    plot(rows, out / "gemm.png")
-    print(f"wrote {path} and {out / 'gemm.png'}")
+    path = results.write(args.name, rows, out, extra_meta={
+        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
+    plot(rows, out / f"{args.name}.png")
+    print(f"wrote {path} and {out / f'{args.name}.png'}")
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")
     return 0

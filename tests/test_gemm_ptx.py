@@ -1,6 +1,7 @@
 """The GEMM compiled for sm_90a on a CPU machine, every mechanism x dtype x cluster: WGMMA is
 there, the producer issues what its mechanism says and nothing else."""
 
+import itertools
 import math
 import re
 
@@ -218,3 +219,52 @@ def test_flat_epilogue_indexing_is_what_broke_pingpong_128():
 
     assert flat_agrees(128, 2) and flat_agrees(64, 1)
     assert not flat_agrees(128, 1)
+
+
+@pytest.mark.parametrize("tiles,k_tiles", [(80, 128), (320, 80), (160, 80), (264, 64), (4, 80),
+                                           (133, 10), (1, 1), (200, 3), (561, 65)])
+def test_stream_k_units_cover_every_k_tile_once(tiles, k_tiles, ctas=132):
+    """The host run of the kernel's own arithmetic: every (tile, k-tile) in exactly one unit,
+    at most one partial per CTA (its workspace slot), each owner's peers exactly the other
+    CTAs of its tile and all after it (so no wait cycle), and the work even to one k-tile."""
+    from cutetma.kernels.gemm_sm90 import stream_k_unit
+
+    owner_of, units_of = {}, {}
+    for cta in range(ctas):
+        units_of[cta] = []
+        for j in itertools.count():
+            unit = stream_k_unit(j, cta, ctas, tiles, k_tiles)
+            if not unit[3]:
+                break
+            units_of[cta].append(unit)
+            tile, k0, kn = unit[:3]
+            assert kn > 0 and 0 <= k0 and k0 + kn <= k_tiles
+            for k in range(k0, k0 + kn):
+                assert (tile, k) not in owner_of
+                owner_of[(tile, k)] = cta
+        assert sum(unit[4] for unit in units_of[cta]) <= 1
+    assert set(owner_of) == set(itertools.product(range(tiles), range(k_tiles)))
+    for cta, units in units_of.items():
+        for tile, _, _, _, writer, first_peer, peers in units:
+            if not writer:
+                others = sorted({owner_of[(tile, k)] for k in range(k_tiles)} - {cta})
+                assert others == list(range(first_peer, first_peer + peers))
+                assert all(other > cta for other in others)
+    work = [sum(unit[2] for unit in units) for units in units_of.values()]
+    assert max(work) == -(-tiles * k_tiles // ctas)  # no CTA has more than its even share
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_stream_k_hands_partials_over_with_release_and_acquire(load):
+    ptx = kernels.compile_gemm(GemmConfig(tile_n=128, load=load, stream_k=True), "Float16").ptx
+    assert WGMMA in ptx
+    assert ("cp.async.bulk.tensor.2d" if load == "tma" else "cp.async.cg.shared.global") in ptx
+    assert "fence.acq_rel.gpu" in ptx and "st.release.gpu.global.b32" in ptx
+    assert "ld.acquire.gpu.global.b32" in ptx
+    assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx  # 16-byte partials
+
+
+def test_stream_k_refuses_what_it_does_not_run():
+    for bad in (dict(schedule="pingpong", tile_n=128), dict(cluster_m=2), dict(split_k=2)):
+        with pytest.raises(ValueError, match="stream_k"):
+            GemmConfig(stream_k=True, **bad)

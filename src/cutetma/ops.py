@@ -190,8 +190,17 @@ def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
     return max(1, min(sm_count // tiles, k_tiles // 8, 8))
 
 
+def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> float:
+    """The share of the SMs' time the output tiles fill when each SM takes whole tiles in
+    waves: ``tiles / (waves * sm_count)``. What stream-K recovers where it is low (512 x 5120
+    in 128 x 256 tiles: 80 tiles on 132 SMs, 0.61)."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    return tiles / (-(-tiles // sm_count) * sm_count)
+
+
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
-                 schedule: str = "cooperative", split_k: int | None = 1, k: int = 0):
+                 schedule: str = "cooperative", split_k: int | None = 1, k: int = 0,
+                 stream_k: bool = False):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -201,6 +210,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         cluster = (2, 1) if load == "tma_multicast" else (1, 1)
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
+    if stream_k and split_k is None:
+        split_k = 1
     if split_k is None:  # automatic: only where the H200 grid showed it wins
         split_k = 1
         if tile is None and schedule == "cooperative" and tuple(cluster) == (1, 1):
@@ -216,7 +227,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
-                      raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k)
+                      raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k,
+                      stream_k=stream_k)
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -248,8 +260,8 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         schedule: str = "cooperative", split_k: int | None = None, allow_copy: bool = True,
-         config=None) -> torch.Tensor:
+         schedule: str = "cooperative", split_k: int | None = None, stream_k: bool = False,
+         allow_copy: bool = True, config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
@@ -263,7 +275,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work tile, summed in
     fp32; ``None`` (the default) splits only shapes with few output tiles where the H200
     measurements showed a win (``split_k_for``; never with an explicit ``tile``, a cluster
-    or pingpong); 1 never splits.
+    or pingpong); 1 never splits. ``stream_k``: the last waves' k-tiles are shared evenly
+    between all SMs and the CTAs that share a tile add their fp32 partials through a
+    workspace (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
@@ -299,7 +313,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
     cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule, split_k, k)
+                                 schedule, split_k, k, stream_k)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
@@ -323,12 +337,35 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         target = workspace.permute(1, 2, 0)[:, :n]  # (M, N, split_k), N contiguous
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(target))
     clusters = _max_active_clusters(cfg)
+    workspace = ()
+    if cfg.stream_k:
+        workspace = _stream_k_workspace(a.device, clusters, cfg.tile_m * cfg.tile_n)
     key = ("gemm", a.dtype, target.dtype, b_ok.stride(1) == 1, cfg, clusters)
-    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream())
-    kernel(*tensors, _stream())  # max_active_clusters is a compile-time constant
+    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
+    kernel(*tensors, _stream(), *workspace)  # max_active_clusters is a compile-time constant
     if cfg.split_k > 1:
         result.copy_(workspace[:, :, :n].sum(dim=0))
     return result
+
+
+_STREAM_K_WORKSPACE: dict = {}
+
+
+def _stream_k_workspace(device, slots: int, tile_elems: int):
+    """Stream-K's fp32 partial tiles (one slot per CTA) and their flags, as DSL tensors, one
+    pair per (device, stream): launches on one stream run in order, and every launch leaves
+    the flags at zero as it found them (each owner resets the flags it waited on)."""
+    from cutlass.cute.runtime import from_dlpack
+
+    key = (device, torch.cuda.current_stream(device).cuda_stream, slots, tile_elems)
+    held = _STREAM_K_WORKSPACE.get(key)
+    if held is None:  # sizes are part of the key: the kernel is compiled for them
+        partials = torch.empty(slots * tile_elems, dtype=torch.float32, device=device)
+        flags = torch.zeros(slots, dtype=torch.int32, device=device)
+        held = (partials, flags, from_dlpack(partials, assumed_align=16),
+                from_dlpack(flags, assumed_align=4))
+        _STREAM_K_WORKSPACE[key] = held
+    return held[2], held[3]
 
 
 def _gemm_tensor(x: torch.Tensor):

@@ -139,8 +139,15 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
                                    cfg.split_k),
                              (cute.sym_int64(divisibility=div), 1,
                               cute.sym_int64(divisibility=div)), assumed_align=16)
+    workspace = ()
+    if cfg.stream_k:  # fp32 partials, one tile per CTA, and one flag per CTA
+        from cutlass.cute.runtime import make_fake_compact_tensor
+
+        slots = clusters * cfg.tile_m * cfg.tile_n
+        workspace = (make_fake_compact_tensor(cutlass.Float32, (slots,), assumed_align=16),
+                     make_fake_compact_tensor(cutlass.Int32, (clusters,)))
     return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
-                           c, clusters, make_fake_stream())
+                           c, clusters, make_fake_stream(), *workspace)
 
 
 @functools.cache

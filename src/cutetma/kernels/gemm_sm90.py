@@ -80,6 +80,11 @@ class GemmConfig:
     # its own writing fp32 partial sums into a (M, N, split_k) workspace (ops sums them):
     # more tiles in flight when M x N has too few. Compiles; not yet run on a GPU.
     split_k: int = 1
+    # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
+    # idles in a partial last wave; a tile cut between CTAs is finished by the CTA that has
+    # its first k-tile, after adding the fp32 partials the others left in a workspace
+    # (see ``stream_k_unit``). Cooperative, cluster (1, 1), no split-K.
+    stream_k: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -98,6 +103,9 @@ class GemmConfig:
             raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: at least 1")
+        if self.stream_k and (self.pingpong or self.multicast or self.split_k > 1):
+            raise ValueError("stream_k runs the cooperative schedule with cluster (1, 1) and "
+                             "no split_k")
         if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
             # one warpgroup holds the whole tile's fp32 accumulator: 128 x 256 would be 256
             # registers a thread, past setmaxnreg's 240
@@ -192,6 +200,46 @@ def epilogue_order(tiled_mma, r2s, tile_mn, epi_n) -> list[list[int]]:
     return order
 
 
+def stream_k_unit(j, cta, ctas, tiles, k_tiles):
+    """The ``j``-th work unit of CTA ``cta`` out of ``ctas`` under stream-K, as
+    ``(tile, k0, kn, valid, writer, first_peer, peers)`` (all integers: the same arithmetic
+    runs on the host, where tests check it, and in the kernel on Int32s).
+
+    Whole waves of tiles stay data-parallel (CTA ``cta`` takes tiles ``cta + j * ctas``);
+    the tiles of the last partial wave and of one full wave before it (so each CTA gets more
+    than one tile's k-tiles to share) form the stream-K region, whose k-tiles, tile by tile,
+    are cut into ``ctas`` equal contiguous ranges. A unit is the part of one tile inside one
+    CTA's range: k-tiles ``k0 .. k0 + kn``.
+
+    - ``writer``: the unit does not start at the tile's first k-tile, so it leaves its fp32
+      partial in workspace slot ``cta`` and raises ``flags[cta]``. Only a CTA's first unit can
+      be one, so each CTA writes at most one slot.
+    - otherwise the CTA owns the tile: it adds the partials of CTAs ``first_peer ..
+      first_peer + peers - 1`` (always after it, each writing its first unit, which waits on
+      nobody: no cycle) and stores the tile.
+    """
+    lo, hi = cutlass.min, cutlass.max
+    dp_tiles = hi(tiles // ctas - lo(tiles % ctas, 1), 0) * ctas  # whole waves, less one
+    dp_units = dp_tiles // ctas
+    sk_iters = (tiles - dp_tiles) * k_tiles
+    per_cta = hi((sk_iters + ctas - 1) // ctas, 1)
+    is_sk = lo(hi(j - dp_units + 1, 0), 1)  # 1 from the first stream-K unit on
+    first = cta * per_cta
+    last = lo(first + per_cta, sk_iters)
+    start = hi(first, (first // k_tiles + j - dp_units) * k_tiles)
+    end = lo((first // k_tiles + j - dp_units + 1) * k_tiles, last)
+    k0 = is_sk * (start % k_tiles)
+    kn = is_sk * (end - start) + (1 - is_sk) * k_tiles
+    tile = is_sk * (dp_tiles + start // k_tiles) + (1 - is_sk) * (cta + j * ctas)
+    valid = is_sk * lo(hi(end - start, 0), 1) + (1 - is_sk)
+    writer = is_sk * lo(k0, 1)
+    tile_start = (tile - dp_tiles) * k_tiles  # the tile's first k-tile in the region
+    first_peer = (tile_start + kn) // per_cta
+    owns_part = is_sk * (1 - lo(k0, 1)) * lo(k_tiles - kn, 1)
+    peers = owns_part * ((tile_start + k_tiles - 1) // per_cta - first_peer + 1)
+    return tile, k0, kn, valid, writer, first_peer, peers
+
+
 class HopperGemm:
     def __init__(self, config: GemmConfig):
         self.cfg = config
@@ -199,7 +247,11 @@ class HopperGemm:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
-                 max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream):
+                 max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream,
+                 mPartials: cute.Tensor = None, mFlags: cute.Tensor = None):
+        """``mPartials`` (fp32, ``max_active_clusters x tile_m x tile_n``) and ``mFlags``
+        (int32, ``max_active_clusters``, zero before the launch and after it) only with
+        ``stream_k``."""
         cfg = self.cfg
         ab_dtype, c_dtype = mA.element_type, mC.element_type
         a_major = LayoutEnum.from_tensor(mA)
@@ -226,6 +278,8 @@ class HopperGemm:
         sched = utils.PersistentTileSchedulerParams(
             tiles_mnl, (cfg.cluster_m, cfg.cluster_n, 1), cfg.raster_swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
+        if cutlass.const_expr(cfg.stream_k):  # every SM: the last waves' k-tiles are shared
+            grid = (max_active_clusters, 1, 1)
 
         @cute.struct
         class Storage:
@@ -238,7 +292,7 @@ class HopperGemm:
         self.stages = stages
         self.c_major = c_major
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
-                    sA_layout, sB_layout, sC_layout, sched).launch(
+                    sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags).launch(
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
             min_blocks_per_mp=1, stream=stream)
 
@@ -248,7 +302,8 @@ class HopperGemm:
                mB_tma: cute.Tensor, tma_c: cute.CopyAtom, mC_tma: cute.Tensor,
                mA: cute.Tensor, mB: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-               sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams):
+               sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams,
+               mPartials: cute.Tensor, mFlags: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -293,7 +348,26 @@ class HopperGemm:
                 self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched)
+            self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
+                         mPartials, mFlags)
+
+    @cute.jit
+    def _work(self, sched, work, j, k_tiles):
+        """The CTA's ``j``-th work unit: ``(m, n, split, k0, kn, valid, writer, first_peer,
+        peers)``. The static persistent scheduler's tile (``work``) unless ``stream_k``, whose
+        units come from ``stream_k_unit`` over the same rasterized tile order."""
+        if cutlass.const_expr(self.cfg.stream_k):
+            layout = sched.problem_layout_ncluster_mnl
+            tile, k0, kn, valid, writer, first_peer, peers = stream_k_unit(
+                j, cutlass.Int32(cute.arch.block_idx()[0]),
+                cutlass.Int32(cute.arch.grid_dim()[0]), cutlass.Int32(cute.size(layout)),
+                k_tiles)
+            m, n, _ = layout.get_flat_coord(cutlass.min(tile, cute.size(layout) - 1))
+            return m, n, cutlass.Int32(0), k0, kn, valid > 0, writer, first_peer, peers
+        m, n, split = work.tile_idx
+        k0, kn = self._k_range(split, k_tiles)
+        zero = cutlass.Int32(0)
+        return m, n, split, k0, kn, work.is_valid_tile, zero, zero, zero
 
     @cute.jit
     def _k_range(self, split, k_tiles):
@@ -357,20 +431,23 @@ class HopperGemm:
         scheduler = utils.StaticPersistentTileScheduler.create(
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
-        while work.is_valid_tile:
-            m, n, split = work.tile_idx
-            k0, kn = self._k_range(split, k_tiles)
+        j = cutlass.Int32(0)
+        m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles)
+        while valid:
             for k in cutlass.range(k0, k0 + kn, unroll=1):
                 pipe.producer_acquire(state)  # wait for an empty stage (TMA: arm expect_tx)
                 load_stage(m, n, k, state)
                 pipe.producer_commit(state)
                 state.advance()
+            j += 1
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
+            m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles)
         pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched):
+    def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
+                mPartials, mFlags):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -430,9 +507,9 @@ class HopperGemm:
         work = scheduler.initial_work_tile_info()
         stores = cutlass.Int32(0)
         local = cutlass.Int32(0)  # tiles this CTA has seen
-        while work.is_valid_tile:
-            m, n, split = work.tile_idx
-            k0, kn = self._k_range(split, k_tiles)
+        m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
+            sched, work, local, k_tiles)
+        while valid:
             mine = True
             if cutlass.const_expr(cfg.pingpong):
                 mine = local % 2 == wg
@@ -467,6 +544,17 @@ class HopperGemm:
                     loader.consumer_release(pipe, release)
                     release.advance()
 
+                finish = True
+                if cutlass.const_expr(cfg.stream_k):
+                    finish = writer == 0
+                    if writer > 0:
+                        self._leave_partial(acc, mPartials, mFlags, mma_tid, epi_threads,
+                                            epi_sync)
+                    else:
+                        for p in cutlass.range(peers, unroll=1):
+                            self._add_partial(acc, mPartials, mFlags, first_peer + p, mma_tid,
+                                              epi_threads, epi_sync)
+
                 if cutlass.const_expr(cfg.split_k > 1):
                     gC_mn = gC[(None, None, m, n, split)]
                 else:
@@ -474,22 +562,23 @@ class HopperGemm:
                 gC_tile = cute.zipped_divide(gC_mn, (cfg.tile_m, cfg.epi_n))
                 bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2,
                                                gmem_box_rank=1)
-                for e in cutlass.range_constexpr(epi_tiles):
-                    for v in cutlass.range_constexpr(cute.size(frag)):
-                        frag[v] = tRS_acc[order[e][v]]
-                    frag_out.store(frag.load().to(c_dtype))
-                    buf = stores % epi_bufs
-                    if cutlass.const_expr(cfg.pingpong):
-                        buf = buf + wg * epi_bufs  # each warpgroup its own buffers
-                    cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
-                    cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
-                    epi_sync.arrive_and_wait()
-                    if warp == store_warp:
-                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                        tma.commit()
-                        tma.wait(epi_bufs - 1)  # the buffer written next is free again
-                    epi_sync.arrive_and_wait()
-                    stores += 1
+                if finish:  # a stream-K writer left its part in the workspace instead
+                    for e in cutlass.range_constexpr(epi_tiles):
+                        for v in cutlass.range_constexpr(cute.size(frag)):
+                            frag[v] = tRS_acc[order[e][v]]
+                        frag_out.store(frag.load().to(c_dtype))
+                        buf = stores % epi_bufs
+                        if cutlass.const_expr(cfg.pingpong):
+                            buf = buf + wg * epi_bufs  # each warpgroup its own buffers
+                        cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
+                        cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
+                        epi_sync.arrive_and_wait()
+                        if warp == store_warp:
+                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+                            tma.commit()
+                            tma.wait(epi_bufs - 1)  # the buffer written next is free again
+                        epi_sync.arrive_and_wait()
+                        stores += 1
             else:
                 # the other warpgroup's tile: its stages pass us by
                 for _ in cutlass.range(kn, unroll=1):
@@ -498,5 +587,52 @@ class HopperGemm:
             local += 1
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
+            m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
+                sched, work, local, k_tiles)
         if warp == store_warp:
             tma.wait(0)
+
+    @staticmethod
+    def _partial_views(acc, mPartials, tid, threads):
+        """The accumulator and a workspace slot as matching (4, n) views: value ``4 i + e``
+        of thread ``tid`` at slot offset ``4 (i threads + tid) + e``, so each thread moves
+        16 bytes at a time and a warp whole 512-byte runs; the owner's thread ``tid`` holds
+        the same tile positions as the writer's."""
+        n4 = cute.size(acc) // 4
+        regs = cute.make_tensor(acc.iterator, cute.make_layout((4, n4)))
+        slots = cute.make_tensor(mPartials.iterator, cute.make_layout(
+            (4, threads, n4, cute.size(mPartials) // cute.size(acc) // threads),
+            stride=(1, 4, 4 * threads, cute.size(acc) * threads)))
+        return regs, slots[(None, tid, None, None)]
+
+    @cute.jit
+    def _leave_partial(self, acc, mPartials, mFlags, tid, threads, sync):
+        """A stream-K writer: the accumulator into workspace slot ``blockIdx.x``, then the
+        slot's flag (release, after every consumer thread's stores)."""
+        cta = cute.arch.block_idx()[0]
+        regs, slot = self._partial_views(acc, mPartials, tid, threads)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.autovec_copy(regs[(None, i)], slot[(None, i, cta)])
+        sync.arrive_and_wait()
+        if tid == 0:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.store(mFlags.iterator + cta, cutlass.Int32(1), sem="release", scope="gpu")
+
+    @cute.jit
+    def _add_partial(self, acc, mPartials, mFlags, peer, tid, threads, sync):
+        """A stream-K owner: wait for ``peer``'s flag (acquire), reset it for the next
+        launch, and add the peer's partial into the accumulator."""
+        if tid == 0:
+            flag = cute.arch.load(mFlags.iterator + peer, cutlass.Int32, sem="acquire",
+                                  scope="gpu")
+            while flag == 0:
+                flag = cute.arch.load(mFlags.iterator + peer, cutlass.Int32, sem="acquire",
+                                      scope="gpu")
+            mFlags[peer] = cutlass.Int32(0)
+        sync.arrive_and_wait()
+        regs, slot = self._partial_views(acc, mPartials, tid, threads)
+        part = cute.make_rmem_tensor((4,), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.autovec_copy(slot[(None, i, peer)], part)
+            for e in cutlass.range_constexpr(4):
+                regs[e, i] = regs[e, i] + part[e]
