@@ -132,7 +132,11 @@ def progress(iterable, total):
         return iterable
 
 
-def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
+def _plain(kwargs: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+
+
+def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False) -> dict:
     """cuBLAS and every mechanism (best tile each) on one (M, N, K), the same randn data."""
     import torch
 
@@ -161,24 +165,27 @@ def measure_cell(dtype: str, m: int, n: int, k: int) -> dict:
             except Exception as exc:  # report, keep going
                 row[f"{name}_error"] = f"{kwargs}: {type(exc).__name__}: {exc}"[:300]
                 continue
+            if every:  # the ablation: every candidate's time, not only the best
+                row.setdefault(f"{name}_every", []).append(
+                    {"config": _plain(kwargs), "tflops": flops / ms / 1e9})
             if best is None or ms < best[0]:
                 best = (ms, kwargs, call)
         if best:
             row[name] = flops / best[0] / 1e9
-            row[f"{name}_config"] = {k: list(v) if isinstance(v, tuple) else v
-                                     for k, v in best[1].items()}
+            row[f"{name}_config"] = _plain(best[1])
             if name == "tma":
                 row["tma_eager_us"] = eager_us(best[2])
                 row["cublas_eager_us"] = eager_us(lambda: a @ b.T)
     return row
 
 
-def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None) -> list[dict]:
+def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None,
+        every: bool = False) -> list[dict]:
     """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
     todo = [(d, c) for d in dtypes for c in cells(quick, only)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
-        rows.append(measure_cell(dtype, *mnk))
+        rows.append(measure_cell(dtype, *mnk, every=every))
         if checkpoint:
             checkpoint(rows)
     return rows
@@ -247,6 +254,9 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--cells", nargs="*", metavar="MxNxK", help="only these shapes")
     ap.add_argument("--name", default="gemm", help="results file name (default gemm)")
+    ap.add_argument("--every", action="store_true",
+                    help="record every candidate's time (<mechanism>_every), not only the best")
+    ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
     args = ap.parse_args(argv)
     from cutetma import results
 
@@ -255,7 +265,7 @@ def main(argv=None):
     def checkpoint(rows):
         results.write(args.name, rows, out, extra_meta={"complete": False})
 
-    rows = run(args.quick, checkpoint=checkpoint, only=args.cells)
+    rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every)
     summary = summarize(rows)
     path = results.write(args.name, rows, out, extra_meta={
         "summary": summary, "complete": True, "seconds": round(time.time() - t0)})

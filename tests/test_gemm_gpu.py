@@ -55,7 +55,7 @@ def _exact_reference():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("variant", VARIANTS,
-                         ids=lambda v: "-".join(str(x) for x in v.values()))
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
 def test_random_shapes(variant, dtype):
     import torch
 

@@ -337,12 +337,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         target = workspace.permute(1, 2, 0)[:, :n]  # (M, N, split_k), N contiguous
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(target))
     clusters = _max_active_clusters(cfg)
-    workspace = ()
+    stream_k_args = ()
     if cfg.stream_k:
-        workspace = _stream_k_workspace(a.device, clusters, cfg.tile_m * cfg.tile_n)
+        stream_k_args = _stream_k_workspace(a.device, clusters, cfg.tile_m * cfg.tile_n)
     key = ("gemm", a.dtype, target.dtype, b_ok.stride(1) == 1, cfg, clusters)
-    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
-    kernel(*tensors, _stream(), *workspace)  # max_active_clusters is a compile-time constant
+    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(),
+                       *stream_k_args)
+    kernel(*tensors, _stream(), *stream_k_args)  # max_active_clusters: compile-time constant
     if cfg.split_k > 1:
         result.copy_(workspace[:, :, :n].sum(dim=0))
     return result
