@@ -49,6 +49,12 @@ def wave_efficiency(m: int, n: int, tile, sm_count: int) -> float:
     return rule(m, n, tile, sm_count)
 
 
+def split_for_waves(m: int, n: int, k: int, tile, sm_count: int) -> int:
+    from cutetma.ops import split_for_waves as rule
+
+    return rule(m, n, k, tile, sm_count)
+
+
 def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
     """The library's rule, on every shape it could apply to (not only where it won)."""
     from cutetma.ops import split_k_for as rule
@@ -65,10 +71,13 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     split_tile = (64, 128) if m <= 64 else (128, 128)
     if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:
         seen.append(dict(load=name, tile=split_tile, split_k=s))
-    if name in ("tma", "cp_async") and m > 64:  # stream-K where whole tiles leave SMs idle
-        for tile in ((128, 256), (128, 128)):
-            if wave_efficiency(m, n, tile, SM_COUNT) < STREAM_K_BELOW:
-                seen.append(dict(load=name, tile=tile, stream_k=True))
+    if name in ("tma", "cp_async") and m > 64:  # where whole tiles leave SMs idle:
+        for tile in ((128, 256), (128, 128)):  # split-K by the wave model, and stream-K
+            split = split_for_waves(m, n, k, tile, SM_COUNT)
+            if split > 1 and dict(load=name, tile=tile, split_k=split) not in seen:
+                seen.append(dict(load=name, tile=tile, split_k=split))
+        if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
+            seen.append(dict(load=name, tile=(128, 256), stream_k=True))
     for kwargs in MECHANISMS[name]:
         if m > 64:
             options = [kwargs]

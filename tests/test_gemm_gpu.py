@@ -132,10 +132,14 @@ def test_errors_before_launch():
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
-def test_stream_k_relaunches_and_graph_replays(load):
-    """Stream-K's flags must be back at zero after every launch: the same workspace serves
-    eager launches of different shapes and CUDA-graph replays, each checked with fresh data
-    and a poisoned output (a stale flag would add a stale partial: a wrong tile, not a hang)."""
+@pytest.mark.parametrize("cut", [dict(stream_k=True), dict(split_k=3), dict(split_k=2,
+                                                                          tile=(128, 128))],
+                         ids=lambda c: ",".join(f"{k}={x}" for k, x in c.items()))
+def test_k_cuts_relaunch_and_graph_replay(load, cut):
+    """Split-K's tickets and stream-K's flags must be back at zero after every launch: the
+    same workspace serves eager launches of different shapes and CUDA-graph replays, each
+    checked with fresh data and a poisoned output (a stale count would let the wrong slice
+    store the tile: a wrong result, not a hang)."""
     import torch
 
     from cutetma import ops
@@ -145,16 +149,16 @@ def test_stream_k_relaunches_and_graph_replays(load):
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(n, k, device="cuda", dtype=torch.float16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        ops.gemm(a, b, out=out, load=load, stream_k=True)
+        ops.gemm(a, b, out=out, load=load, **cut)
         check(a, b, out)
     m, n, k = 512, 5120, 5120
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ops.gemm(a, b, out=out, load=load, stream_k=True)  # compile and allocate outside capture
+    ops.gemm(a, b, out=out, load=load, **cut)  # compile and allocate outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out, load=load, stream_k=True)
+        ops.gemm(a, b, out=out, load=load, **cut)
     for _ in range(3):
         a.normal_()
         b.normal_()

@@ -111,17 +111,35 @@ def test_raster_band_never_pads_the_grid():
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
-def test_split_k_stores_fp32_partials_into_a_3d_workspace(load):
-    cfg = GemmConfig(tile_n=128, load=load, split_k=4)
-    ptx = kernels.compile_gemm(cfg, "Float16", "Float32").ptx
-    assert "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group" in ptx
-    assert WGMMA in ptx
+def test_split_k_reduces_in_the_kernel_by_ticket(load):
+    """Each slice stores its partial (16-byte vectors), one thread takes a ticket (acq_rel
+    atomic), the last slice reads the others' partials and stores C through the usual TMA
+    epilogue: nothing is left for a second kernel."""
+    cfg = GemmConfig(tile_n=128, load=load, split_k=3)
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    assert WGMMA in ptx and STORE in ptx
+    assert "atom.global.acq_rel.add" in ptx and "fence.acq_rel.gpu" in ptx
+    assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx
 
 
 def test_split_k_leaves_the_unsplit_kernel_alone():
-    """split_k=1 must compile to the kernel validated on the H200 (no workspace mode)."""
+    """split_k=1 must compile to the kernel validated on the H200 (no workspace traffic)."""
     ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16").ptx
-    assert "cp.async.bulk.tensor.3d" not in ptx
+    assert "atom.global" not in ptx and "ld.global.v4" not in ptx
+
+
+@pytest.mark.parametrize("mnk,tile,split", [
+    ((512, 5120, 5120), (128, 256), 3),   # 80 tiles: 240 units fill 2 waves of 132
+    ((2048, 5120, 5120), (128, 256), 2),  # 320 tiles in 3 waves (0.81): 640 units in 5
+    ((8192, 8192, 8192), (128, 256), 1),  # 1024 tiles, 0.97 of 8 waves: never
+    ((256, 512, 448), (128, 128), 1),     # 7 k-tiles: too short to cut
+])
+def test_split_for_waves_follows_the_wave_model(mnk, tile, split):
+    from cutetma import ops
+
+    assert ops.split_for_waves(*mnk, tile) == split
+    tiles = -(-mnk[0] // tile[0]) * -(-mnk[1] // tile[1])
+    assert ops.wave_efficiency(mnk[0], mnk[1], tile) == tiles / (-(-tiles // 132) * 132)
 
 
 @pytest.mark.parametrize("mnk,split", [

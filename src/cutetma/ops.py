@@ -198,6 +198,24 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
     return tiles / (-(-tiles // sm_count) * sm_count)
 
 
+def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
+                    most: int = 8, fixup_k_tiles: int = 3) -> int:
+    """The K slices that minimize a simple time model of the persistent grid: waves of work
+    units times k-tiles per unit, plus ``fixup_k_tiles`` per tile for a split tile's
+    partials (each unit stores one, the last adds the rest: about three k-tiles' time on the
+    H200 at 128 x 256); slices keep at least 4 k-tiles. 1 where cutting K does not pay."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    k_tiles = -(-k // 64)
+    best, best_cost = 1, -(-tiles // sm_count) * k_tiles
+    for slices in range(2, most + 1):
+        if k_tiles < 4 * slices:
+            break
+        cost = -(-tiles * slices // sm_count) * (-(-k_tiles // slices) + fixup_k_tiles)
+        if cost < best_cost:
+            best, best_cost = slices, cost
+    return best
+
+
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str = "cooperative", split_k: int | None = 1, k: int = 0,
                  stream_k: bool = False):
@@ -272,10 +290,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
-    WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work tile, summed in
-    fp32; ``None`` (the default) splits only shapes with few output tiles where the H200
-    measurements showed a win (``split_k_for``; never with an explicit ``tile``, a cluster
-    or pingpong); 1 never splits. ``stream_k``: the last waves' k-tiles are shared evenly
+    WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work unit; the last
+    slice of a tile to finish adds the others' fp32 partials in the kernel. ``None`` (the
+    default) splits only shapes with few output tiles where the H200 measurements showed a
+    win (``split_k_for``; never with an explicit ``tile``, a cluster or pingpong); 1 never
+    splits. ``stream_k``: the last waves' k-tiles are shared evenly
     between all SMs and the CTAs that share a tile add their fp32 partials through a
     workspace (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
@@ -330,42 +349,43 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
-    target = result
-    if cfg.split_k > 1:  # fp32 partial sums, one (M, N) slice per K slice, summed below
-        n_pad = -(-n // 4) * 4
-        workspace = torch.empty(cfg.split_k, m, n_pad, dtype=torch.float32, device=a.device)
-        target = workspace.permute(1, 2, 0)[:, :n]  # (M, N, split_k), N contiguous
-    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(target))
+    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
     clusters = _max_active_clusters(cfg)
-    stream_k_args = ()
-    if cfg.stream_k:
-        stream_k_args = _stream_k_workspace(a.device, clusters, cfg.tile_m * cfg.tile_n)
-    key = ("gemm", a.dtype, target.dtype, b_ok.stride(1) == 1, cfg, clusters)
-    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(),
-                       *stream_k_args)
-    kernel(*tensors, _stream(), *stream_k_args)  # max_active_clusters: compile-time constant
-    if cfg.split_k > 1:
-        result.copy_(workspace[:, :, :n].sum(dim=0))
+    workspace = ()
+    tile = cfg.tile_m * cfg.tile_n
+    if cfg.stream_k:  # a slot and a ready flag per CTA
+        workspace = _k_workspace(a.device, clusters, tile, clusters)
+    elif cfg.split_k > 1:  # a slot per (tile, slice), a ticket counter per tile
+        tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+        workspace = _k_workspace(a.device, tiles * cfg.split_k, tile, tiles)
+    key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
+    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
+    kernel(*tensors, _stream(), *workspace)  # max_active_clusters: a compile-time constant
     return result
 
 
-_STREAM_K_WORKSPACE: dict = {}
+_K_WORKSPACE: dict = {}
 
 
-def _stream_k_workspace(device, slots: int, tile_elems: int):
-    """Stream-K's fp32 partial tiles (one slot per CTA) and their flags, as DSL tensors, one
-    pair per (device, stream): launches on one stream run in order, and every launch leaves
-    the flags at zero as it found them (each owner resets the flags it waited on)."""
+def _k_workspace(device, slots: int, tile_elems: int, flags: int):
+    """Split-K's and stream-K's workspace: fp32 tile slots and int32 flags, as DSL tensors of
+    dynamic length (one compiled kernel serves every size), one pair per (device, stream):
+    launches on one stream run in order, and every launch leaves the flags at zero as it
+    found them. Grown, never shrunk; a CUDA graph captured on a stream keeps the pair it
+    captured (the flags' zeros travel with them)."""
     from cutlass.cute.runtime import from_dlpack
 
-    key = (device, torch.cuda.current_stream(device).cuda_stream, slots, tile_elems)
-    held = _STREAM_K_WORKSPACE.get(key)
-    if held is None:  # sizes are part of the key: the kernel is compiled for them
-        partials = torch.empty(slots * tile_elems, dtype=torch.float32, device=device)
-        flags = torch.zeros(slots, dtype=torch.int32, device=device)
-        held = (partials, flags, from_dlpack(partials, assumed_align=16),
-                from_dlpack(flags, assumed_align=4))
-        _STREAM_K_WORKSPACE[key] = held
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    held = _K_WORKSPACE.get(key)
+    need = (slots * tile_elems, flags)
+    if held is None or held[0].numel() < need[0] or held[1].numel() < need[1]:
+        size = [max(n, held[i].numel() if held else 0) for i, n in enumerate(need)]
+        partials = torch.empty(size[0], dtype=torch.float32, device=device)
+        flags_t = torch.zeros(size[1], dtype=torch.int32, device=device)
+        held = (partials, flags_t,
+                from_dlpack(partials, assumed_align=16).mark_layout_dynamic(),
+                from_dlpack(flags_t, assumed_align=4).mark_layout_dynamic())
+        _K_WORKSPACE[key] = held
     return held[2], held[3]
 
 

@@ -129,25 +129,17 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
     dtype = getattr(cutlass, dtype_name)
     out = getattr(cutlass, out_name or dtype_name)
     clusters = max_active_clusters // (cfg.cluster_m * cfg.cluster_n)
-    c = fake_operand(out)
-    if cfg.split_k > 1:  # the fp32 workspace (M, N, split_k) of partial sums
+    workspace = ()
+    if cfg.stream_k or cfg.split_k > 1:  # fp32 tile slots and int32 flags, sized at run time
         _, cute = dsl.cutlass()
         from cutlass.cute.runtime import make_fake_tensor
 
-        div = 128 // out.width
-        c = make_fake_tensor(out, (cute.sym_int32(), cute.sym_int32(divisibility=div),
-                                   cfg.split_k),
-                             (cute.sym_int64(divisibility=div), 1,
-                              cute.sym_int64(divisibility=div)), assumed_align=16)
-    workspace = ()
-    if cfg.stream_k:  # fp32 partials, one tile per CTA, and one flag per CTA
-        from cutlass.cute.runtime import make_fake_compact_tensor
-
-        slots = clusters * cfg.tile_m * cfg.tile_n
-        workspace = (make_fake_compact_tensor(cutlass.Float32, (slots,), assumed_align=16),
-                     make_fake_compact_tensor(cutlass.Int32, (clusters,)))
+        tile = cfg.tile_m * cfg.tile_n
+        workspace = (make_fake_tensor(cutlass.Float32, (cute.sym_int32(divisibility=tile),),
+                                      (1,), assumed_align=16),
+                     make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4))
     return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
-                           c, clusters, make_fake_stream(), *workspace)
+                           fake_operand(out), clusters, make_fake_stream(), *workspace)
 
 
 @functools.cache

@@ -27,8 +27,17 @@ Warp roles and the mainloop pipeline (``stages`` (full, empty) mbarrier pairs)::
 Only the producer differs between mechanisms: one schedule (``_produce``) takes a stage
 loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are the same code
 (``cutetma.copy.loader`` picks the pipeline). Tiles come from a static persistent scheduler
-whose rasterization band divides the grid (no phantom tiles). ``split_k`` (off by default,
-not yet run on a GPU) cuts K into slices written as fp32 partials.
+whose rasterization band divides the grid (no phantom tiles).
+
+When the output tiles fill the SMs' waves badly, K is cut: ``split_k`` slices every tile's K
+into equal work units (the last unit of a tile to finish adds the others' fp32 partials from
+a workspace and stores the tile), ``stream_k`` shares the last waves' k-tiles evenly between
+all CTAs (the CTA holding a tile's first k-tile waits for the others' partials). Both keep
+every operand, stage and epilogue as they are; only the work list and the hand-over differ::
+
+    workspace    mPartials: fp32 tile slots (16-byte vectors, the MMA's thread order)
+                 mFlags: split-K a ticket counter per tile, stream-K a ready flag per CTA
+                 (zero before a launch, zero after it: whoever reads one resets it)
 
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
 B K-major or N-major, C row-major; tile M in {64, 128}, N in {64, 128, 256}, K-tile 64;
@@ -76,9 +85,11 @@ class GemmConfig:
     # registers), alternately, so one's epilogue hides under
     # the other's WGMMAs (named barriers hand the tensor cores back and forth)
     schedule: str = "cooperative"
-    # split-K: each output tile's K range is cut into this many slices, each a work tile of
-    # its own writing fp32 partial sums into a (M, N, split_k) workspace (ops sums them):
-    # more tiles in flight when M x N has too few. Compiles; not yet run on a GPU.
+    # split-K: each output tile's K range is cut into this many slices, each a work unit of
+    # its own (more units in flight when M x N has too few tiles). Every unit leaves its fp32
+    # partial in a workspace slot and takes a ticket from its tile's counter; the last to
+    # arrive adds the others' partials and stores the tile (nobody waits, so no unit can
+    # block another: see ``_split_k_finish``).
     split_k: int = 1
     # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
     # idles in a partial last wave; a tile cut between CTAs is finished by the CTA that has
@@ -249,9 +260,9 @@ class HopperGemm:
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
                  max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream,
                  mPartials: cute.Tensor = None, mFlags: cute.Tensor = None):
-        """``mPartials`` (fp32, ``max_active_clusters x tile_m x tile_n``) and ``mFlags``
-        (int32, ``max_active_clusters``, zero before the launch and after it) only with
-        ``stream_k``."""
+        """``mPartials`` (fp32 tile slots) and ``mFlags`` (int32, zero before the launch and
+        left at zero after it) only with ``stream_k`` (a slot and a flag per CTA) or
+        ``split_k`` > 1 (a slot per work unit, a counter per output tile)."""
         cfg = self.cfg
         ab_dtype, c_dtype = mA.element_type, mC.element_type
         a_major = LayoutEnum.from_tensor(mA)
@@ -284,6 +295,7 @@ class HopperGemm:
         @cute.struct
         class Storage:
             barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            tickets: cute.struct.MemRange[cutlass.Int32, 4]  # split-K, one per warpgroup
             sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], 1024]
@@ -349,7 +361,7 @@ class HopperGemm:
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                         mPartials, mFlags)
+                         mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)))
 
     @cute.jit
     def _work(self, sched, work, j, k_tiles):
@@ -447,7 +459,7 @@ class HopperGemm:
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags):
+                mPartials, mFlags, sTickets):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -480,10 +492,7 @@ class HopperGemm:
         store_warp = 4 + 4 * wg if cutlass.const_expr(cfg.pingpong) else 4
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        if cutlass.const_expr(cfg.split_k > 1):  # (tile_m, tile_n, tiles_m, tiles_n, split)
-            gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None, None))
-        else:
-            gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
+        gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
@@ -552,17 +561,19 @@ class HopperGemm:
                                             epi_sync)
                     else:
                         for p in cutlass.range(peers, unroll=1):
-                            self._add_partial(acc, mPartials, mFlags, first_peer + p, mma_tid,
-                                              epi_threads, epi_sync)
-
+                            self._take_partial(acc, mPartials, mFlags, first_peer + p, mma_tid,
+                                               epi_threads, epi_sync)
                 if cutlass.const_expr(cfg.split_k > 1):
-                    gC_mn = gC[(None, None, m, n, split)]
-                else:
-                    gC_mn = gC[(None, None, m, n)]
+                    tiles_n = cute.ceil_div(mC_tma.shape[1], cfg.tile_n)
+                    ticket = wg if cutlass.const_expr(cfg.pingpong) else 0  # per tile team
+                    finish = self._split_k_finish(acc, mPartials, mFlags, sTickets,
+                                                  m * tiles_n + n, split, ticket, mma_tid,
+                                                  epi_threads, epi_sync)
+                gC_mn = gC[(None, None, m, n)]
                 gC_tile = cute.zipped_divide(gC_mn, (cfg.tile_m, cfg.epi_n))
                 bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2,
                                                gmem_box_rank=1)
-                if finish:  # a stream-K writer left its part in the workspace instead
+                if finish:  # else this unit left its part in the workspace for another
                     for e in cutlass.range_constexpr(epi_tiles):
                         for v in cutlass.range_constexpr(cute.size(frag)):
                             frag[v] = tRS_acc[order[e][v]]
@@ -594,32 +605,45 @@ class HopperGemm:
 
     @staticmethod
     def _partial_views(acc, mPartials, tid, threads):
-        """The accumulator and a workspace slot as matching (4, n) views: value ``4 i + e``
-        of thread ``tid`` at slot offset ``4 (i threads + tid) + e``, so each thread moves
-        16 bytes at a time and a warp whole 512-byte runs; the owner's thread ``tid`` holds
-        the same tile positions as the writer's."""
+        """The accumulator and the workspace's tile slots as matching views: value ``4 i + e``
+        of thread ``tid`` at offset ``4 (i threads + tid) + e`` of a slot, so each thread
+        moves 16 bytes at a time, a warp whole 512-byte runs, and the thread ``tid`` of any
+        CTA holds the same tile positions. ``slots[(None, i, slot)]``: 4 values."""
         n4 = cute.size(acc) // 4
+        tile = cute.size(acc) * threads
         regs = cute.make_tensor(acc.iterator, cute.make_layout((4, n4)))
         slots = cute.make_tensor(mPartials.iterator, cute.make_layout(
-            (4, threads, n4, cute.size(mPartials) // cute.size(acc) // threads),
-            stride=(1, 4, 4 * threads, cute.size(acc) * threads)))
+            (4, threads, n4, cute.size(mPartials) // tile), stride=(1, 4, 4 * threads, tile)))
         return regs, slots[(None, tid, None, None)]
+
+    @cute.jit
+    def _store_partial(self, acc, mPartials, slot, tid, threads):
+        regs, slots = self._partial_views(acc, mPartials, tid, threads)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.autovec_copy(regs[(None, i)], slots[(None, i, slot)])
+
+    @cute.jit
+    def _add_partial(self, acc, mPartials, slot, tid, threads):
+        regs, slots = self._partial_views(acc, mPartials, tid, threads)
+        part = cute.make_rmem_tensor((4,), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.autovec_copy(slots[(None, i, slot)], part)
+            for e in cutlass.range_constexpr(4):
+                regs[e, i] = regs[e, i] + part[e]
 
     @cute.jit
     def _leave_partial(self, acc, mPartials, mFlags, tid, threads, sync):
         """A stream-K writer: the accumulator into workspace slot ``blockIdx.x``, then the
         slot's flag (release, after every consumer thread's stores)."""
         cta = cute.arch.block_idx()[0]
-        regs, slot = self._partial_views(acc, mPartials, tid, threads)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.autovec_copy(regs[(None, i)], slot[(None, i, cta)])
+        self._store_partial(acc, mPartials, cta, tid, threads)
         sync.arrive_and_wait()
         if tid == 0:
             cute.arch.fence_acq_rel_gpu()
             cute.arch.store(mFlags.iterator + cta, cutlass.Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def _add_partial(self, acc, mPartials, mFlags, peer, tid, threads, sync):
+    def _take_partial(self, acc, mPartials, mFlags, peer, tid, threads, sync):
         """A stream-K owner: wait for ``peer``'s flag (acquire), reset it for the next
         launch, and add the peer's partial into the accumulator."""
         if tid == 0:
@@ -630,9 +654,31 @@ class HopperGemm:
                                       scope="gpu")
             mFlags[peer] = cutlass.Int32(0)
         sync.arrive_and_wait()
-        regs, slot = self._partial_views(acc, mPartials, tid, threads)
-        part = cute.make_rmem_tensor((4,), cutlass.Float32)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.autovec_copy(slot[(None, i, peer)], part)
-            for e in cutlass.range_constexpr(4):
-                regs[e, i] = regs[e, i] + part[e]
+        self._add_partial(acc, mPartials, peer, tid, threads)
+
+    @cute.jit
+    def _split_k_finish(self, acc, mPartials, mCounters, sTickets, tile, split, team, tid,
+                        threads, sync):
+        """Split-K after a unit's mainloop: store the partial in slot ``tile * split_k +
+        split``, then (one thread, after everyone's stores, acq_rel) take a ticket from the
+        tile's counter. The unit with the last ticket adds the other slices' partials and
+        returns True (it stores the tile), resetting the counter for the next launch; the
+        others return False. No unit waits for another, so no order of CTAs on the SMs (a
+        later wave, another kernel beside this one) can stall it."""
+        slices = self.cfg.split_k
+        self._store_partial(acc, mPartials, tile * slices + split, tid, threads)
+        sync.arrive_and_wait()
+        if tid == 0:
+            cute.arch.fence_acq_rel_gpu()
+            ticket = cute.arch.atomic_add(mCounters.iterator + tile, cutlass.Int32(1),
+                                          sem="acq_rel", scope="gpu")
+            if ticket == slices - 1:
+                mCounters[tile] = cutlass.Int32(0)
+            sTickets[team] = ticket
+        sync.arrive_and_wait()
+        last = sTickets[team] == slices - 1
+        if last:
+            for other in cutlass.range_constexpr(slices):
+                if other != split:
+                    self._add_partial(acc, mPartials, tile * slices + other, tid, threads)
+        return last
