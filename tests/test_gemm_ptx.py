@@ -129,8 +129,9 @@ def test_split_k_leaves_the_unsplit_kernel_alone():
 
 
 @pytest.mark.parametrize("mnk,tile,split", [
-    ((512, 5120, 5120), (128, 256), 3),   # 80 tiles: 240 units fill 2 waves of 132
-    ((2048, 5120, 5120), (128, 256), 2),  # 320 tiles in 3 waves (0.81): 640 units in 5
+    ((512, 5120, 12288), (128, 256), 3),  # 80 tiles, 192 k-tiles: 240 units in 2 waves
+    ((256, 10240, 8192), (128, 256), 3),  # 80 tiles, 128 k-tiles: won on the H200 too
+    ((512, 5120, 5120), (128, 256), 1),   # 80 k-tiles: the hand-over eats the gain (lost)
     ((8192, 8192, 8192), (128, 256), 1),  # 1024 tiles, 0.97 of 8 waves: never
     ((256, 512, 448), (128, 128), 1),     # 7 k-tiles: too short to cut
 ])

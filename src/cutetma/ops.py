@@ -199,18 +199,22 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
 
 
 def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
-                    most: int = 8, fixup_k_tiles: int = 3) -> int:
-    """The K slices that minimize a simple time model of the persistent grid: waves of work
-    units times k-tiles per unit, plus ``fixup_k_tiles`` per tile for a split tile's
-    partials (each unit stores one, the last adds the rest: about three k-tiles' time on the
-    H200 at 128 x 256); slices keep at least 4 k-tiles. 1 where cutting K does not pay."""
+                    most: int = 8) -> int:
+    """The K slices that minimize a time model of the persistent grid, in k-tile times:
+    waves of work units times (k-tiles per unit + the unit's hand-over). The hand-over
+    (store the fp32 partial, fence, ticket; the last slice reads the other partials) was
+    measured on the H200 at about 6 + 5 (slices - 1) k-tiles of a 128 x 256 tile
+    (``gemm_split_every.json``, 2026-11-30: 8 us per unit at 2 slices, 11-13 us at 3),
+    so a split must win back much more than a wave's tail. Slices keep >= 4 k-tiles;
+    1 where cutting K does not pay."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
     best, best_cost = 1, -(-tiles // sm_count) * k_tiles
     for slices in range(2, most + 1):
         if k_tiles < 4 * slices:
             break
-        cost = -(-tiles * slices // sm_count) * (-(-k_tiles // slices) + fixup_k_tiles)
+        hand_over = 6 + 5 * (slices - 1)
+        cost = -(-tiles * slices // sm_count) * (-(-k_tiles // slices) + hand_over)
         if cost < best_cost:
             best, best_cost = slices, cost
     return best
