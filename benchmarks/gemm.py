@@ -5,7 +5,8 @@ mechanism (TMA, TMA + multicast, cp.async), one run, the same randn data.
 
 Cells: 8192^3 and 4096^3, and the seed paper's 18 (N, K) projection shapes x M in
 {16, 64, 256, 512, 2048, 8192}, fp16 and bf16. Each mechanism takes its best tile of the
-candidates (as the paper picks the best tile per variant). Times are medians of
+candidates (as the paper picks the best tile per variant); ``tma_default`` is what
+``cutetma.gemm(a, b)`` gives with no options (its own tile and split-K choice). Times are medians of
 ``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between
 runs). Every kernel's output is checked
 against cuBLAS before it is timed; a wrong kernel is reported, not timed.
@@ -185,6 +186,15 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False) -> dic
             if name == "tma":
                 row["tma_eager_us"] = eager_us(best[2])
                 row["cublas_eager_us"] = eager_us(lambda: a @ b.T)
+    # what a user gets: cutetma.gemm(a, b) with no options (ops.auto_tile_and_split)
+    chosen = ops._gemm_config(m, n, "tma", None, None, SM_COUNT, split_k=None, k=k)
+    row["tma_default_config"] = {"tile": [chosen.tile_m, chosen.tile_n],
+                                 "split_k": chosen.split_k}
+    rel = (ops.gemm(a, b).float() - ref.float()).abs().max().item() / scale
+    if rel < 2e-2:
+        row["tma_default"] = flops / bench(lambda: ops.gemm(a, b)) / 1e9
+    else:
+        row["tma_default_error"] = f"rel. max error {rel:.3g}"
     return row
 
 
@@ -215,6 +225,10 @@ def summarize(rows: list[dict]) -> dict:
     if big:
         s["geomean_tma_vs_cublas_M>=256"] = math.exp(statistics.mean(
             math.log(max(r["tma"], r.get("tma_multicast") or 0) / r["cublas"]) for r in big))
+    default = [r for r in rows if r["M"] >= 256 and r.get("tma_default")]
+    if default:
+        s["geomean_default_vs_cublas_M>=256"] = math.exp(statistics.mean(
+            math.log(r["tma_default"] / r["cublas"]) for r in default))
     paper = [r for r in rows if (r["N"], r["K"]) in PAPER_NK and r.get("tma")
              and r.get("cp_async")]
     if paper:

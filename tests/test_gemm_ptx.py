@@ -143,22 +143,24 @@ def test_split_for_waves_follows_the_wave_model(mnk, tile, split):
     assert ops.wave_efficiency(mnk[0], mnk[1], tile) == tiles / (-(-tiles // 132) * 132)
 
 
-@pytest.mark.parametrize("mnk,split", [
-    ((256, 512, 5120), 8),     # 8 tiles of 128x128: won on the H200 (0.74 vs 0.43 of cuBLAS)
-    ((16, 4096, 14336), 4),    # 32 tiles but K = 14336: won
-    ((64, 6144, 4096), 1),     # 48 tiles, K = 4096: split-K lost there
-    ((2048, 512, 5120), 1),    # 64 tiles, K = 5120: lost
-    ((8192, 8192, 8192), 1),   # a full wave and more: never
-    ((16, 512, 512), 1),       # 8 k-tiles: too short to cut
+@pytest.mark.parametrize("mnk,tile,split", [
+    # M > 64: the grid_time model; each case is the measured winner of gemm.json (2026-11-30)
+    ((256, 512, 5120), (128, 128), 4),     # 8 tiles: 32 units
+    ((2048, 512, 5120), (128, 128), 2),    # 64 tiles in half a wave: 128 units
+    ((512, 5120, 12288), (128, 256), 3),   # 80 tiles, 192 k-tiles: 240 units in 2 waves
+    ((512, 5120, 5120), (128, 256), 1),    # 80 k-tiles: the hand-over eats the gain
+    ((8192, 8192, 8192), (128, 256), 1),   # 1024 tiles: never
+    # M <= 64: split_k_for, 64 x 128 tiles
+    ((16, 4096, 14336), (64, 128), 4),     # 32 tiles but K = 14336: won
+    ((64, 6144, 4096), (64, 128), 1),      # 48 tiles, K = 4096: split-K lost there
+    ((16, 512, 512), (64, 128), 1),        # 8 k-tiles: too short to cut
 ])
-def test_automatic_split_k_follows_the_measurements(mnk, split):
+def test_automatic_split_k_follows_the_measurements(mnk, tile, split):
     from cutetma import ops
 
     m, n, k = mnk
     cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
-    assert cfg.split_k == split
-    if split > 1:
-        assert (cfg.tile_m, cfg.tile_n) == ((64, 128) if m <= 64 else (128, 128))
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (*tile, split)
 
 
 def test_automatic_split_k_stays_out_of_explicit_choices():

@@ -198,26 +198,39 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
     return tiles / (-(-tiles // sm_count) * sm_count)
 
 
-def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
-                    most: int = 8) -> int:
-    """The K slices that minimize a time model of the persistent grid, in k-tile times:
-    waves of work units times (k-tiles per unit + the unit's hand-over). The hand-over
-    (store the fp32 partial, fence, ticket; the last slice reads the other partials) was
-    measured on the H200 at about 6 + 5 (slices - 1) k-tiles of a 128 x 256 tile
-    (``gemm_split_every.json``, 2026-11-30: 8 us per unit at 2 slices, 11-13 us at 3),
-    so a split must win back much more than a wave's tail. Slices keep >= 4 k-tiles;
-    1 where cutting K does not pay."""
+# A k-tile's time relative to one of a 128 x 256 tile: 128 x 128 does half the work a little
+# less efficiently (fitted to the winners of the H200 grid, gemm.json 2026-11-30: with it the
+# model picks the measured best tile and split in 137 of 146 cells with M >= 256)
+K_TILE_TIME = {(128, 256): 1.0, (128, 128): 0.55}
+
+
+def grid_time(m: int, n: int, k: int, tile=(128, 256), slices: int = 1,
+              sm_count: int = 132) -> float:
+    """A time model of the persistent grid, in k-tile times of a 128 x 256 tile: waves of
+    work units times (k-tiles per unit + the unit's hand-over when K is split). The
+    hand-over (store the fp32 partial, fence, ticket; the last slice reads the others'
+    partials) was measured on the H200 at about 6 + 5 (slices - 1) k-tiles
+    (``gemm_split_every.json``, 2026-11-30: 8 us per unit at 2 slices, 11-13 us at 3)."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
-    best, best_cost = 1, -(-tiles // sm_count) * k_tiles
-    for slices in range(2, most + 1):
-        if k_tiles < 4 * slices:
-            break
-        hand_over = 6 + 5 * (slices - 1)
-        cost = -(-tiles * slices // sm_count) * (-(-k_tiles // slices) + hand_over)
-        if cost < best_cost:
-            best, best_cost = slices, cost
-    return best
+    hand_over = 0 if slices == 1 else 6 + 5 * (slices - 1)
+    waves = -(-tiles * slices // sm_count)
+    return waves * (-(-k_tiles // slices) + hand_over) * K_TILE_TIME.get(tuple(tile), 1.0)
+
+
+def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
+                    most: int = 8) -> int:
+    """The K slices (1..``most``, each >= 4 k-tiles) that minimize ``grid_time``: a split
+    must win back more than its hand-over, so it pays where a wave's tail is long."""
+    k_tiles = -(-k // 64)
+    options = [s for s in range(1, most + 1) if s == 1 or k_tiles >= 4 * s]
+    return min(options, key=lambda s: grid_time(m, n, k, tile, s, sm_count))
+
+
+def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
+    """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``."""
+    options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in K_TILE_TIME]
+    return min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
 
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
@@ -234,13 +247,14 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         raise ValueError("load='tma_multicast' needs a cluster larger than (1, 1)")
     if stream_k and split_k is None:
         split_k = 1
-    if split_k is None:  # automatic: only where the H200 grid showed it wins
+    if split_k is None:  # automatic: tile and K slices from the H200 measurements
         split_k = 1
         if tile is None and schedule == "cooperative" and tuple(cluster) == (1, 1):
-            split_tile = (64, 128) if m <= 64 else (128, 128)
-            split_k = split_k_for(m, n, k, split_tile, sm_count)
-            if split_k > 1:
-                tile = split_tile
+            if m > 64:
+                tile, split_k = auto_tile_and_split(m, n, k, sm_count)
+            else:
+                split_k = split_k_for(m, n, k, (64, 128), sm_count)
+                tile = (64, 128) if split_k > 1 else None
     if tile is None and schedule == "pingpong":
         tile = (64, 256) if m > 64 else (64, 128)
     if tile is None:
