@@ -8,6 +8,14 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 6's GEMM calls (same snapshot / tarball habit)::
+
+    source .gpu/prelude.sh && python -m pytest -q -m gpu tests/test_gemm_gpu.py \
+        --timeout=120 --timeout-method=thread          # 48 tests, about 3 minutes
+    source .gpu/prelude.sh && python benchmarks/gemm.py --every --dtypes float16 \
+        --cells 512x5120x5120 2048x5120x5120 --out /tmp/r --name gemm_split_every
+    source .gpu/prelude.sh && python benchmarks/gemm.py --out /tmp/r   # about 5 minutes
+
 Session 5's calls (each from a ``git archive HEAD`` snapshot carried with ``.gpu``; files
 written under /tmp and returned as one tarball, since at most 8 files come back)::
 
@@ -21,7 +29,7 @@ written under /tmp and returned as one tarball, since at most 8 files come back)
     tar czf $OUT/r.tgz -C /tmp r
 
 (57 GPU tests about 2.5 minutes; the 72-cell attention grid with its ablations under 3; the
-GEMM grid (``--only gemm_bench``) about 4.5 minutes on its own; each ncu profile under a
+GEMM grid (``--only gemm_bench``) about 5 minutes on its own; each ncu profile under a
 minute). Results go to $OUT only: do not copy the snapshot's own results over them. An A/B of
 two builds: ``benchmarks/attention.py --variants tma`` from each snapshot, twice, interleaved.
 """
