@@ -174,13 +174,15 @@ def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tens
 def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
                 everywhere: bool = False) -> int:
     """K slices for a shape whose output tiles fill under half the SMs (1: no split):
-    enough slices for about one wave, each at least 8 k-tiles of 64, at most 8.
+    enough slices for about one wave, each at least 8 k-tiles of 64, at most 8. The
+    automatic choice for M <= 64 (64 x 128 tiles); larger M go by ``grid_time``.
 
-    On the H200 (benchmarks/results/gemm.json, 2026-11-30, best of split and unsplit per
-    cell) that wins in 35 of the 58 paper cells where those conditions hold, and every win
-    has at most 24 output tiles or K >= 12288 (192 k-tiles); below both it lost (e.g.
-    M = 64, N = 6144, K = 4096), so only those shapes split unless ``everywhere``
-    (the benchmark's candidate list, which keeps measuring the rest)."""
+    On the H200 (session 2's grid, when a second kernel summed the slices) that won in 35
+    of the 58 paper cells where those conditions hold, and every win had at most 24 output
+    tiles or K >= 12288 (192 k-tiles); below both it lost (e.g. M = 64, N = 6144,
+    K = 4096), so only those shapes split unless ``everywhere`` (the benchmark's candidate
+    list, which keeps measuring the rest). With the reduction in the kernel (session 6's
+    ``gemm.json``) the M = 16 / 64 winners match this rule in 59 of 72 cells."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
     if tiles * 2 > sm_count or k_tiles < 16:
