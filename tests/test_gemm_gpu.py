@@ -166,3 +166,33 @@ def test_k_cuts_relaunch_and_graph_replay(load, cut):
         graph.replay()
         torch.cuda.synchronize()
         check(a, b, out)
+
+
+def test_graph_survives_workspace_growth():
+    """A graph captured with a small split-K workspace keeps working after a larger split
+    GEMM outgrew it on the same stream (the outgrown buffers are never freed)."""
+    import torch
+
+    from cutetma import ops
+
+    a = torch.randn(256, 1024, device="cuda", dtype=torch.float16)
+    b = torch.randn(512, 1024, device="cuda", dtype=torch.float16)
+    out = torch.empty(256, 512, device="cuda", dtype=torch.float16)
+    ops.gemm(a, b, out=out, split_k=2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.gemm(a, b, out=out, split_k=2)
+    big_a = torch.randn(2048, 4096, device="cuda", dtype=torch.float16)
+    big_b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    ops.gemm(big_a, big_b, split_k=4)  # compiled outside any capture
+    later = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(later):  # the same capture stream: outgrows the first graph's pair
+        ops.gemm(big_a, big_b, split_k=4)
+    torch.cuda.synchronize()
+    for _ in range(2):
+        a.normal_()
+        b.normal_()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(a, b, out)

@@ -385,21 +385,24 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
 
 _K_WORKSPACE: dict = {}
+_K_WORKSPACE_RETIRED: list = []  # outgrown workspaces, kept alive (doubling bounds them)
 
 
 def _k_workspace(device, slots: int, tile_elems: int, flags: int):
     """Split-K's and stream-K's workspace: fp32 tile slots and int32 flags, as DSL tensors of
     dynamic length (one compiled kernel serves every size), one pair per (device, stream):
     launches on one stream run in order, and every launch leaves the flags at zero as it
-    found them. Grown, never shrunk; a CUDA graph captured on a stream keeps the pair it
-    captured (the flags' zeros travel with them)."""
+    found them. Grown by doubling and never freed, so a CUDA graph that captured a launch
+    keeps valid pointers; a capture allocates its own pair (its zeroing replays with it)."""
     from cutlass.cute.runtime import from_dlpack
 
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     held = _K_WORKSPACE.get(key)
     need = (slots * tile_elems, flags)
     if held is None or held[0].numel() < need[0] or held[1].numel() < need[1]:
-        size = [max(n, held[i].numel() if held else 0) for i, n in enumerate(need)]
+        if held is not None:  # a captured CUDA graph may still point at it: never free it
+            _K_WORKSPACE_RETIRED.append(held)
+        size = [max(n, 2 * held[i].numel() if held else 0) for i, n in enumerate(need)]
         partials = torch.empty(size[0], dtype=torch.float32, device=device)
         flags_t = torch.zeros(size[1], dtype=torch.int32, device=device)
         held = (partials, flags_t,
