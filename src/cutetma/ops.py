@@ -202,7 +202,7 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
 
 # A k-tile's time relative to one of a 128 x 256 tile: 128 x 128 does half the work a little
 # less efficiently (fitted to the winners of the H200 grid, gemm.json 2026-11-30: with it the
-# model picks the measured best tile and split in 137 of 146 cells with M >= 256)
+# model picks the measured best tile and split in 135 of 146 cells with M >= 256)
 K_TILE_TIME = {(128, 256): 1.0, (128, 128): 0.55}
 
 
