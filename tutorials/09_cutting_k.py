@@ -38,6 +38,16 @@ and ``cutetma.gemm`` picks the tile and slices it predicts fastest.
 Kernel: ``cutetma.kernels.gemm_sm90``; entry point ``cutetma.gemm(a, b, split_k=...,
 stream_k=...)`` (no options: the model's choice). ``benchmarks/gemm.py --every`` records
 every candidate per cell.
+
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
+2026-11-30, ``python tutorials/09_cutting_k.py``), the GPU part:
+
+    == 6. On the GPU: 512x5120x12288 fp16, against an fp32 reference, CUDA-graph timing
+    torch.matmul (cuBLAS)      0.092 ms   698.6 TFLOP/s  max error 0.242
+    whole tiles 128x256        0.117 ms   552.6 TFLOP/s  max error 0.242
+    split_k=3                  0.108 ms   593.9 TFLOP/s  max error 0.242
+    stream_k                   0.162 ms   397.4 TFLOP/s  max error 0.242
+    cutetma.gemm default       0.108 ms   596.6 TFLOP/s  max error 0.242
 """
 
 from __future__ import annotations
