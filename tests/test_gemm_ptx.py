@@ -289,3 +289,13 @@ def test_stream_k_refuses_what_it_does_not_run():
     for bad in (dict(schedule="pingpong", tile_n=128), dict(cluster_m=2), dict(split_k=2)):
         with pytest.raises(ValueError, match="stream_k"):
             GemmConfig(stream_k=True, **bad)
+
+
+def test_split_workspace_is_refused_before_it_would_fill_the_device():
+    from cutetma import ops
+
+    h200 = 141 * 2**30
+    small = GemmConfig(tile_n=128, split_k=3)
+    assert ops.check_split_workspace(512, 1536, small, h200) == 48 * 3 * 128 * 128 * 4
+    with pytest.raises(ValueError, match=r"split_k=8 on a 65536 x 65536 output needs a 128.0 GiB"):
+        ops.check_split_workspace(65536, 65536, GemmConfig(tile_n=128, split_k=8), h200)

@@ -377,11 +377,26 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         workspace = _k_workspace(a.device, clusters, tile, clusters)
     elif cfg.split_k > 1:  # a slot per (tile, slice), a ticket counter per tile
         tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+        check_split_workspace(m, n, cfg, torch.cuda.get_device_properties(a.device).total_memory)
         workspace = _k_workspace(a.device, tiles * cfg.split_k, tile, tiles)
     key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
     kernel(*tensors, _stream(), *workspace)  # max_active_clusters: a compile-time constant
     return result
+
+
+def check_split_workspace(m: int, n: int, cfg, device_bytes: int) -> int:
+    """Split-K keeps an fp32 partial tile per (tile, slice): ``split_k`` times the fp32
+    output. Refuse, before anything is allocated, a split whose workspace would take over a
+    quarter of the device (an explicit ``split_k`` on a large output); returns the bytes."""
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    need = tiles * cfg.split_k * cfg.tile_m * cfg.tile_n * 4
+    if need > device_bytes // 4:
+        raise ValueError(f"split_k={cfg.split_k} on a {m} x {n} output needs a "
+                         f"{need / 2**30:.1f} GiB fp32 workspace ({tiles} tiles x "
+                         f"{cfg.split_k} slices x {cfg.tile_m} x {cfg.tile_n} x 4 B), over a "
+                         f"quarter of the device: use fewer slices (split_k=1 needs none)")
+    return need
 
 
 _K_WORKSPACE: dict = {}
