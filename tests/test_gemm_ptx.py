@@ -3,7 +3,11 @@ there, the producer issues what its mechanism says and nothing else."""
 
 import itertools
 import math
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -299,3 +303,28 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     assert ops.check_split_workspace(512, 1536, small, h200) == 48 * 3 * 128 * 128 * 4
     with pytest.raises(ValueError, match=r"split_k=8 on a 65536 x 65536 output needs a 128.0 GiB"):
         ops.check_split_workspace(65536, 65536, GemmConfig(tile_n=128, split_k=8), h200)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+@pytest.mark.parametrize("cfg", [
+    GemmConfig(), GemmConfig(tile_n=128), GemmConfig(split_k=3), GemmConfig(stream_k=True),
+    GemmConfig(load="cp_async"), GemmConfig(tile_m=64, schedule="pingpong"),
+    GemmConfig(tile_n=128, schedule="pingpong"),
+    GemmConfig(tile_n=128, schedule="pingpong", load="cp_async"),
+], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}")
+def test_wgmma_stays_asynchronous(cfg):
+    """ptxas on the configurations the benchmark offers: no C7520 / C7512 ("wgmma.mma_async
+    instructions are serialized ...") and no spills. Until 2026-11-30 (session 6) every
+    pingpong configuration had C7520: ptxas could not prove ``if mine`` warpgroup-uniform,
+    so each WGMMA waited for the one before, and pingpong ran at about half the cooperative
+    kernel's speed on the H200 (gemm_split_every.json: 238 vs 438 TFLOP/s at 128 x 128)."""
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "gemm.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", "-o", os.devnull, path],
+                             capture_output=True, text=True, check=True)
+    log = out.stdout + out.stderr
+    assert "C7520" not in log and "C7512" not in log, log
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log

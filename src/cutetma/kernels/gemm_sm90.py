@@ -473,6 +473,11 @@ class HopperGemm:
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP  # thread index among the consumers
         wg = ctid // WARPGROUP  # 0 or 1
+        if cutlass.const_expr(cfg.pingpong):
+            # say it is uniform: each warpgroup's mainloop sits under ``if mine`` (which
+            # depends on wg), and where ptxas cannot prove that branch warpgroup-uniform it
+            # serializes every WGMMA behind the warpgroup.arrive it inserts (C7520)
+            wg = cute.arch.make_warp_uniform(wg)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if cutlass.const_expr(cfg.pingpong):
             thr_mma = tiled_mma.get_slice(0)
