@@ -77,6 +77,9 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
             split = split_for_waves(m, n, k, tile, SM_COUNT)
             if split > 1 and dict(load=name, tile=tile, split_k=split) not in seen:
                 seen.append(dict(load=name, tile=tile, split_k=split))
+            if split > 1 and name == "tma" and tile == (128, 128):
+                # pingpong: one warpgroup's hand-over can hide under the other's WGMMAs
+                seen.append(dict(load=name, tile=tile, schedule="pingpong", split_k=split))
         if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
             seen.append(dict(load=name, tile=(128, 256), stream_k=True))
     for kwargs in MECHANISMS[name]:

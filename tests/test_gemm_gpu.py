@@ -20,6 +20,7 @@ VARIANTS = [
     dict(load="cp_async", schedule="pingpong"),
     dict(load="tma", stream_k=True), dict(load="tma", stream_k=True, tile=(128, 128)),
     dict(load="cp_async", stream_k=True),
+    dict(load="tma", schedule="pingpong", tile=(128, 128), split_k=2),
 ]
 # the paper's (N, K) projection shapes at two of its M values
 PAPER = [(2048, 6144, 4096), (512, 14336, 4096), (256, 8192, 28672), (64, 1536, 5120),
