@@ -46,6 +46,19 @@ def check(a, b, out, trans_b=True):
     assert err <= bound, f"max error {err:.3g} > bound {bound:.3g} for {tuple(out.shape)}"
 
 
+def replay_and_check(graph, a, b, out, times: int):
+    """Replay a captured GEMM on fresh inputs into a poisoned output, checking each time."""
+    import torch
+
+    for _ in range(times):
+        a.normal_()
+        b.normal_()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(a, b, out)
+
+
 @pytest.fixture(autouse=True)
 def _exact_reference():
     import torch
@@ -160,13 +173,7 @@ def test_k_cuts_relaunch_and_graph_replay(load, cut):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.gemm(a, b, out=out, load=load, **cut)
-    for _ in range(3):
-        a.normal_()
-        b.normal_()
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(a, b, out)
+    replay_and_check(graph, a, b, out, 3)
 
 
 def test_graph_survives_workspace_growth():
@@ -190,10 +197,4 @@ def test_graph_survives_workspace_growth():
     with torch.cuda.graph(later):  # the same capture stream: outgrows the first graph's pair
         ops.gemm(big_a, big_b, split_k=4)
     torch.cuda.synchronize()
-    for _ in range(2):
-        a.normal_()
-        b.normal_()
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(a, b, out)
+    replay_and_check(graph, a, b, out, 2)

@@ -34,6 +34,22 @@ def ptx_ops(ptx: str) -> list[str]:
     return list(dict.fromkeys(m.group(0) for m in PTX_OPS.finditer(ptx)))
 
 
+def ptxas_log(ptx: str, arch: str = "sm_90a") -> str:
+    """What ``ptxas -v`` says about a PTX text (registers, spills, and warnings such as C7512
+    / C7520, "wgmma.mma_async instructions are serialized ..."); needs ptxas on the PATH."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-o", os.devnull, path],
+                             capture_output=True, text=True, check=True)
+    return out.stdout + out.stderr
+
+
 def fake_matrix(elem_bytes: int):
     """A (rows, cols) row-major tensor of dynamic shape whose row stride is known to be a
     multiple of 16 bytes and whose base is 16-byte aligned: what TMA needs."""
