@@ -57,6 +57,8 @@ import re
 import sys
 from pathlib import Path
 
+from _common import graph_time_ms  # tutorials/_common.py: CUDA-graph replays, CUDA events
+
 from cutetma import kernels, ops
 from cutetma.kernels import gpu_unavailable
 from cutetma.kernels.gemm_sm90 import GemmConfig, stream_k_unit
@@ -208,20 +210,7 @@ def on_the_gpu() -> str:
     for name, fn in runs.items():
         err = (fn().float() - ref).abs().max().item()
         assert err <= 2 * torch_err + 1e-3, f"{name}: error {err:.3g} vs torch's {torch_err:.3g}"
-        graph = torch.cuda.CUDAGraph()
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            fn()
-        for _ in range(3):
-            graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end) / 20
+        ms = graph_time_ms(fn)
         tflops[name] = flops / ms / 1e9
         print(f"{name:<24} {ms:7.3f} ms  {tflops[name]:6.1f} TFLOP/s  max error {err:.3g}")
     return (f"here split_k=3 ran at {tflops['split_k=3']:.0f} TFLOP/s against "

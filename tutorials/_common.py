@@ -1,4 +1,4 @@
-"""A helper two tutorials share (05 and 07 time kernels with it); not a tutorial step."""
+"""Helpers the tutorials share (05, 07 and 09 time kernels with them); not a tutorial step."""
 
 from __future__ import annotations
 
@@ -17,3 +17,16 @@ def time_ms(fn, iters: int = 20) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def graph_time_ms(fn, iters: int = 20) -> float:
+    """Like ``time_ms``, but ``fn`` is captured once in a CUDA graph and the graph replayed:
+    for kernels shorter than the Python call that launches them (host cost left out)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, iters)
