@@ -194,8 +194,8 @@ def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
 
 def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> float:
     """The share of the SMs' time the output tiles fill when each SM takes whole tiles in
-    waves: ``tiles / (waves * sm_count)``. What stream-K recovers where it is low (512 x 5120
-    in 128 x 256 tiles: 80 tiles on 132 SMs, 0.61)."""
+    waves: ``tiles / (waves * sm_count)``. What cutting K (split-K, stream-K) can recover
+    where it is low (512 x 5120 in 128 x 256 tiles: 80 tiles on 132 SMs, 0.61)."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     return tiles / (-(-tiles // sm_count) * sm_count)
 
@@ -312,11 +312,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
     WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work unit; the last
     slice of a tile to finish adds the others' fp32 partials in the kernel. ``None`` (the
-    default) splits only shapes with few output tiles where the H200 measurements showed a
-    win (``split_k_for``; never with an explicit ``tile``, a cluster or pingpong); 1 never
-    splits. ``stream_k``: the last waves' k-tiles are shared evenly
-    between all SMs and the CTAs that share a tile add their fp32 partials through a
-    workspace (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
+    default) lets a model measured on the H200 choose the tile and the slices for M > 64
+    (``auto_tile_and_split``: it cuts K only where a wave's tail is long) and
+    ``split_k_for`` for M <= 64; never with an explicit ``tile``, a cluster or pingpong. 1
+    never splits. ``stream_k``: the last waves' k-tiles are shared evenly between all SMs
+    and the CTAs that share a tile add their fp32 partials through a workspace
+    (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
@@ -372,13 +373,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
     clusters = _max_active_clusters(cfg)
     workspace = ()
-    tile = cfg.tile_m * cfg.tile_n
+    tile_elems = cfg.tile_m * cfg.tile_n
     if cfg.stream_k:  # a slot and a ready flag per CTA
-        workspace = _k_workspace(a.device, clusters, tile, clusters)
+        workspace = _k_workspace(a.device, clusters, tile_elems, clusters)
     elif cfg.split_k > 1:  # a slot per (tile, slice), a ticket counter per tile
         tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
         check_split_workspace(m, n, cfg, torch.cuda.get_device_properties(a.device).total_memory)
-        workspace = _k_workspace(a.device, tiles * cfg.split_k, tile, tiles)
+        workspace = _k_workspace(a.device, tiles * cfg.split_k, tile_elems, tiles)
     key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
     kernel(*tensors, _stream(), *workspace)  # max_active_clusters: a compile-time constant
