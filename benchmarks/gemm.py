@@ -6,10 +6,11 @@ mechanism (TMA, TMA + multicast, cp.async), one run, the same randn data.
 Cells: 8192^3 and 4096^3, and the seed paper's 18 (N, K) projection shapes x M in
 {16, 64, 256, 512, 2048, 8192}, fp16 and bf16. Each mechanism takes its best tile of the
 candidates (as the paper picks the best tile per variant); ``tma_default`` is what
-``cutetma.gemm(a, b)`` gives with no options (its own tile and split-K choice). Times are medians of
-``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between
-runs). Every kernel's output is checked
-against cuBLAS before it is timed; a wrong kernel is reported, not timed.
+``cutetma.gemm(a, b)`` gives with no options (its own tile and split-K choice). Times are
+medians of ``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between runs).
+Every kernel's output is checked against cuBLAS before it is timed; a wrong kernel is
+reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``--cells``
+and ``--dtypes`` narrow the grid.
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out.
 """
 
