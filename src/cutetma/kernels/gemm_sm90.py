@@ -94,7 +94,9 @@ class GemmConfig:
     # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
     # idles in a partial last wave; a tile cut between CTAs is finished by the CTA that has
     # its first k-tile, after adding the fp32 partials the others left in a workspace
-    # (see ``stream_k_unit``). Cooperative, cluster (1, 1), no split-K.
+    # (see ``stream_k_unit``). Cooperative, cluster (1, 1), no split-K. Owners spin on
+    # later CTAs, so the grid is one CTA per SM and relies on all of them being resident
+    # (a kernel running beside it can only delay it); split-K never waits.
     stream_k: bool = False
 
     def __post_init__(self):
