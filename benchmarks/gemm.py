@@ -45,17 +45,6 @@ SM_COUNT = 132
 STREAM_K_BELOW = 0.9  # stream-K candidates where the tiles' waves fill less of the SMs
 
 
-def wave_efficiency(m: int, n: int, tile, sm_count: int) -> float:
-    from cutetma.ops import wave_efficiency as rule
-
-    return rule(m, n, tile, sm_count)
-
-
-def split_for_waves(m: int, n: int, k: int, tile, sm_count: int) -> int:
-    from cutetma.ops import split_for_waves as rule
-
-    return rule(m, n, k, tile, sm_count)
-
 
 def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
     """The library's rule, on every shape it could apply to (not only where it won)."""
@@ -69,6 +58,8 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     multicast along M would share nothing; few output tiles: also split-K, as the
     library's rule would apply it everywhere; the correctness check before timing guards
     every candidate)."""
+    from cutetma.ops import split_for_waves, wave_efficiency
+
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
     if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:

@@ -46,6 +46,10 @@ def check(a, b, out, trans_b=True):
     assert err <= bound, f"max error {err:.3g} > bound {bound:.3g} for {tuple(out.shape)}"
 
 
+def _named(options: dict) -> str:
+    return ",".join(f"{k}={x}" for k, x in options.items())
+
+
 def replay_and_check(graph, a, b, out, times: int):
     """Replay a captured GEMM on fresh inputs into a poisoned output, checking each time."""
     import torch
@@ -69,7 +73,7 @@ def _exact_reference():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("variant", VARIANTS,
-                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+                         ids=_named)
 def test_random_shapes(variant, dtype):
     import torch
 
@@ -148,7 +152,7 @@ def test_errors_before_launch():
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("cut", [dict(stream_k=True), dict(split_k=3), dict(split_k=2,
                                                                           tile=(128, 128))],
-                         ids=lambda c: ",".join(f"{k}={x}" for k, x in c.items()))
+                         ids=_named)
 def test_k_cuts_relaunch_and_graph_replay(load, cut):
     """Split-K's tickets and stream-K's flags must be back at zero after every launch: the
     same workspace serves eager launches of different shapes and CUDA-graph replays, each
