@@ -42,7 +42,9 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
 
 
 SM_COUNT = 132
-STREAM_K_BELOW = 0.9  # stream-K candidates where the tiles' waves fill less of the SMs
+STREAM_K_BELOW = 0.9  # stream-K and narrower tiles where 128 x 256 tiles fill less of the SMs
+NARROW_TILES = ((128, 192), (128, 160))  # fit the tiles to the SMs instead of cutting K
+EXTRA_TILES: list = []  # --tiles: offered to TMA in every cell with M > 64 (an ablation)
 
 
 
@@ -74,6 +76,9 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
                 seen.append(dict(load=name, tile=tile, schedule="pingpong", split_k=split))
         if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
             seen.append(dict(load=name, tile=(128, 256), stream_k=True))
+            seen += [dict(load=name, tile=tile) for tile in NARROW_TILES]
+        if name == "tma":
+            seen += [c for c in (dict(load=name, tile=t) for t in EXTRA_TILES) if c not in seen]
     for kwargs in MECHANISMS[name]:
         if m > 64:
             options = [kwargs]
@@ -275,7 +280,10 @@ def main(argv=None):
     ap.add_argument("--every", action="store_true",
                     help="record every candidate's time (<mechanism>_every), not only the best")
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="MxN",
+                    help="also offer TMA these tiles in every cell with M > 64 (an ablation)")
     args = ap.parse_args(argv)
+    EXTRA_TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.tiles]
     from cutetma import results
 
     out = Path(args.out)

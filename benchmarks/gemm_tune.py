@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import bench  # noqa: E402  (same timing: CUDA-graph replays, L2 flushed)
 
 SIZES = [(8192, 8192, 8192), (4096, 4096, 4096)]
-TILES = [(128, 256, "cooperative"), (64, 256, "pingpong")]
+TILES = [(128, 256, "cooperative"), (64, 256, "pingpong"), (128, 128, "pingpong")]
 CLUSTERS = [(1, 1), (2, 1)]
 RASTER = [1, 8]  # clusters per rasterization band
 EPI_N = [32]  # epilogue sub-tile width (64 measured no better, 2026-11-30)

@@ -21,6 +21,10 @@ VARIANTS = [
     dict(load="tma", stream_k=True), dict(load="tma", stream_k=True, tile=(128, 128)),
     dict(load="cp_async", stream_k=True),
     dict(load="tma", schedule="pingpong", tile=(128, 128), split_k=2),
+    # widths between the powers of two (tiles fitted to the SMs)
+    dict(load="tma", tile=(128, 160)), dict(load="tma", tile=(128, 192), cluster=(2, 1)),
+    dict(load="tma", tile=(128, 224), cluster=(1, 2)), dict(load="cp_async", tile=(128, 160)),
+    dict(load="tma", tile=(128, 96), split_k=2), dict(load="tma", tile=(128, 160), stream_k=True),
 ]
 # the paper's (N, K) projection shapes at two of its M values
 PAPER = [(2048, 6144, 4096), (512, 14336, 4096), (256, 8192, 28672), (64, 1536, 5120),
@@ -90,7 +94,8 @@ def test_random_shapes(variant, dtype):
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_b_as_k_by_n_and_out_dtypes(load, out_dtype):
+@pytest.mark.parametrize("tile", [None, (128, 160)], ids=str)  # 160: a 64-byte swizzle for B
+def test_b_as_k_by_n_and_out_dtypes(load, out_dtype, tile):
     import torch
 
     from cutetma import ops
@@ -98,7 +103,8 @@ def test_b_as_k_by_n_and_out_dtypes(load, out_dtype):
     for m, n, k in [(1000, 129, 4097), (129, 1000, 64), (4097, 256, 512)]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        out = ops.gemm(a, b, trans_b=False, load=load, out_dtype=getattr(torch, out_dtype))
+        out = ops.gemm(a, b, trans_b=False, load=load, out_dtype=getattr(torch, out_dtype),
+                       tile=tile)
         assert out.shape == (m, n)
         check(a, b, out, trans_b=False)
 

@@ -44,10 +44,34 @@ def test_cp_async_variant(dtype):
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
-def test_n_major_b_and_small_tile(load):
-    ptx = kernels.compile_gemm(GemmConfig(tile_m=64, tile_n=128, load=load), "Float16",
-                               b_k_major=False).ptx
-    assert f"{WGMMA}.m64n128k16.f32.f16.f16" in ptx
+@pytest.mark.parametrize("tile", [(64, 128), (128, 160)])
+def test_n_major_b_and_other_tiles(load, tile):
+    ptx = kernels.compile_gemm(GemmConfig(tile_m=tile[0], tile_n=tile[1], load=load),
+                               "Float16", b_k_major=False).ptx
+    assert f"{WGMMA}.m64n{tile[1]}k16.f32.f16.f16" in ptx
+
+
+@pytest.mark.parametrize("vectors,lines,shape", [
+    (8, 128, (8, 16)),    # K-major, 64 of K: whole lines
+    (32, 64, (32, 4)),    # N-major B, 256 wide
+    (20, 64, (4, 32)),    # N-major B, 160 wide: whole lines would leave 48 threads idle, and
+    (24, 64, (8, 16)),    # those threads copied past the tile (wrong on the H200, 2026-11-30)
+])
+def test_cp_async_shares_every_tile_over_all_producer_threads(vectors, lines, shape):
+    from cutetma.copy import cpasync
+
+    along, at_once = cpasync.thread_shape(vectors, lines, 128)
+    assert (along, at_once) == shape
+    assert along * at_once == 128 and vectors % along == 0 and lines % at_once == 0
+
+
+def test_cp_async_refuses_a_tile_that_leaves_threads_without_work():
+    from cutetma import dsl
+    from cutetma.copy import cpasync
+
+    cutlass, _ = dsl.cutlass()
+    with pytest.raises(ValueError, match="does not share out over 128 threads"):
+        cpasync.tiled_copy(cutlass.Float16, 24, 8, 128, every_thread=True)
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
@@ -66,7 +90,8 @@ def test_output_dtypes(out):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(tile_m=256), "tile_m"), (dict(tile_n=96), "tile_n"), (dict(tile_k=32), "tile_k"),
+    (dict(tile_m=256), "tile_m"), (dict(tile_n=80), "tile_n"), (dict(tile_n=288), "tile_n"),
+    (dict(tile_n=160, epi_n=64), "epi_n"), (dict(tile_k=32), "tile_k"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
 ])
@@ -145,12 +170,14 @@ def test_split_for_waves_follows_the_wave_model(mnk, tile, split):
 
 
 @pytest.mark.parametrize("mnk,tile,split", [
-    # M > 64: the grid_time model; each case is the measured winner of gemm.json (2026-11-30)
+    # M > 64: the grid_time model; each case is a measured winner on the H200 (gemm.json,
+    # gemm_narrow_every.json, 2026-11-30)
     ((256, 512, 5120), (128, 128), 4),     # 8 tiles: 32 units
     ((2048, 512, 5120), (128, 128), 2),    # 64 tiles in half a wave: 128 units
-    ((512, 5120, 12288), (128, 256), 3),   # 80 tiles, 192 k-tiles: 240 units in 2 waves
-    ((512, 5120, 5120), (128, 256), 1),    # 80 k-tiles: the hand-over eats the gain
-    ((8192, 8192, 8192), (128, 256), 1),   # 1024 tiles: never
+    ((512, 5120, 5120), (128, 160), 1),    # 128 x 256: 80 tiles; 128 x 160: 128 (1.3x)
+    ((256, 12288, 5120), (128, 192), 1),   # 96 tiles of 128 x 256, 128 of 128 x 192
+    ((2048, 5120, 5120), (128, 160), 1),   # 2.4 waves of 128 x 256, 3.9 of 128 x 160
+    ((8192, 8192, 8192), (128, 256), 1),   # 1024 tiles: full waves of the widest tile
     # M <= 64: split_k_for, 64 x 128 tiles
     ((16, 4096, 14336), (64, 128), 4),     # 32 tiles but K = 14336: won
     ((64, 6144, 4096), (64, 128), 1),      # 48 tiles, K = 4096: split-K lost there
@@ -180,6 +207,7 @@ def test_automatic_split_k_stays_out_of_explicit_choices():
 @pytest.mark.parametrize("tile_m,tile_n,warpgroups", [
     (128, 256, 2), (128, 128, 2), (64, 256, 1), (64, 128, 1),  # validated on the H200
     (128, 128, 1), (128, 256, 1),  # one warpgroup, two 64-row WGMMA blocks (pingpong 128)
+    (128, 160, 2), (128, 192, 2),  # the widths that fit a shape's tiles to the SMs
 ])
 def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, tile_n,
                                                             warpgroups):
@@ -308,6 +336,8 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(load="cp_async"), GemmConfig(tile_m=64, schedule="pingpong"),
     GemmConfig(tile_n=128, schedule="pingpong"),
     GemmConfig(tile_n=128, schedule="pingpong", load="cp_async"),
+    GemmConfig(tile_n=160), GemmConfig(tile_n=192, cluster_m=2),
+    GemmConfig(tile_n=160, load="cp_async"),
 ], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}")
 def test_wgmma_stays_asynchronous(cfg):
     """ptxas on the configurations the benchmark offers: no C7520 / C7512 ("wgmma.mma_async

@@ -203,7 +203,19 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
 # A k-tile's time relative to one of a 128 x 256 tile: 128 x 128 does half the work a little
 # less efficiently (fitted to the winners of the H200 grid, gemm.json 2026-11-30: with it the
 # model picks the measured best tile and split in 135 of 146 cells with M >= 256)
-K_TILE_TIME = {(128, 256): 1.0, (128, 128): 0.55}
+K_TILE_TIME = {(128, 256): 1.0, (128, 192): 0.8, (128, 160): 0.69, (128, 128): 0.56}
+# the tiles ``cutetma.gemm`` chooses from for M > 64: the widths between 128 and 256 fit a
+# shape's tiles to the SMs (512 x 5120: 80 tiles of 128 x 256 on 132 SMs, 128 of 128 x 160)
+AUTO_TILES = ((128, 256), (128, 192), (128, 160), (128, 128))
+
+
+def k_tile_time(tile) -> float:
+    """``K_TILE_TIME`` where measured, else a line through 128 x 128 and 128 x 256: a fixed
+    cost per k-tile (barriers, issue) plus WGMMA time in proportion to the tile's width."""
+    tile = tuple(tile)
+    if tile in K_TILE_TIME or tile[0] != 128:
+        return K_TILE_TIME.get(tile, 1.0)
+    return 0.1 + 0.9 * tile[1] / 256
 
 
 def grid_time(m: int, n: int, k: int, tile=(128, 256), slices: int = 1,
@@ -217,7 +229,7 @@ def grid_time(m: int, n: int, k: int, tile=(128, 256), slices: int = 1,
     k_tiles = -(-k // 64)
     hand_over = 0 if slices == 1 else 6 + 5 * (slices - 1)
     waves = -(-tiles * slices // sm_count)
-    return waves * (-(-k_tiles // slices) + hand_over) * K_TILE_TIME.get(tuple(tile), 1.0)
+    return waves * (-(-k_tiles // slices) + hand_over) * k_tile_time(tile)
 
 
 def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
@@ -231,7 +243,7 @@ def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132
 
 def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
     """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``."""
-    options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in K_TILE_TIME]
+    options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in AUTO_TILES]
     return min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
 
 
@@ -305,7 +317,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
     accumulation, output ``out_dtype`` (default: the input dtype) or into ``out`` (M, N).
     ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (2, 1) unless ``cluster`` says) or
-    ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n).
+    ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n):
+    tile_m 64 or 128, tile_n a multiple of 32 from 64 to 256.
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or

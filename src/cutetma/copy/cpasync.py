@@ -15,33 +15,52 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 VECTOR_BYTES = 16  # cp.async.cg moves exactly 16 bytes
 
 
-def tiled_copy(dtype, rows: int, cols: int, num_threads: int, contiguous: int = 1):
+def thread_shape(vectors: int, lines_total: int, num_threads: int) -> tuple[int, int]:
+    """How a tiled copy lays ``num_threads`` over a tile of ``lines_total`` lines of
+    ``vectors`` 16-byte vectors: ``(along, lines)``, threads along a line and lines at once.
+
+    A whole line, unless the threads do not split into whole lines; then the widest part of a
+    line that they do (a 160-element fp16 line is 20 vectors: 128 threads would take 6 whole
+    lines, 4 after rounding to divide 64, leaving 48 idle; as 4-vector parts, 32 lines at a
+    time, all 128 work). ``lines`` divides ``lines_total`` (fewer threads work otherwise)."""
+    along = vectors
+    if num_threads % vectors and num_threads > vectors:
+        along = max(d for d in range(1, vectors + 1) if vectors % d == 0 and num_threads % d == 0)
+    lines = max(1, min(lines_total, num_threads // along))
+    while lines_total % lines:
+        lines -= 1
+    return along, lines
+
+
+def tiled_copy(dtype, rows: int, cols: int, num_threads: int, contiguous: int = 1,
+               every_thread: bool = False):
     """A tiled copy of a (rows, cols) tile, 16 bytes per thread per step.
 
     ``contiguous`` names the mode that is contiguous in memory (1: row-major, 0: column-
     major); threads walk it first, so a warp reads whole contiguous runs (coalesced).
-    Returns ``(tiled_copy, threads_used)``; threads beyond ``threads_used`` have nothing to move.
+    Returns ``(tiled_copy, threads_used)``; threads beyond ``threads_used`` have nothing to
+    move (``every_thread``: refuse such a tile, for callers where every thread copies).
     """
     vec = VECTOR_BYTES * 8 // dtype.width
     inner, outer = (cols, rows) if contiguous == 1 else (rows, cols)
     if inner % vec:
         raise ValueError(f"cp.async needs whole 16-byte vectors along the contiguous mode, "
                          f"got {inner} elements")
-    per_line = inner // vec
-    lines = max(1, min(outer, num_threads // per_line))
-    while outer % lines:
-        lines -= 1
+    along, lines = thread_shape(inner // vec, outer, num_threads)
+    if every_thread and lines * along != num_threads:  # the others would copy past the tile
+        raise ValueError(f"a {rows}x{cols} tile does not share out over {num_threads} threads "
+                         f"in 16-byte vectors ({lines * along} would have work)")
     atom = cute.make_copy_atom(
         cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
         num_bits_per_copy=VECTOR_BYTES * 8,
     )
     if contiguous == 1:
-        thr_layout = cute.make_ordered_layout((lines, per_line), order=(1, 0))
+        thr_layout = cute.make_ordered_layout((lines, along), order=(1, 0))
         val_layout = cute.make_layout((1, vec))
     else:
-        thr_layout = cute.make_ordered_layout((per_line, lines), order=(0, 1))
+        thr_layout = cute.make_ordered_layout((along, lines), order=(0, 1))
         val_layout = cute.make_layout((vec, 1))
-    return cute.make_tiled_copy_tv(atom, thr_layout, val_layout), lines * per_line
+    return cute.make_tiled_copy_tv(atom, thr_layout, val_layout), lines * along
 
 
 def aligned_rows(gmem):
@@ -66,7 +85,7 @@ def partition_operand(mX, sX, tile, tidx, num_threads: int):
     (t0, t1) and the shared one by stage. The copy walks whichever mode is contiguous."""
     contiguous_inner = isinstance(mX.stride[1], int) and mX.stride[1] == 1
     tiled, _ = tiled_copy(mX.element_type, tile[0], tile[1], num_threads,
-                          1 if cutlass.const_expr(contiguous_inner) else 0)
+                          1 if cutlass.const_expr(contiguous_inner) else 0, every_thread=True)
     thr = tiled.get_slice(tidx)
     gX = cute.local_tile(aligned_rows(mX), tile, (None, None))
     cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (None, None))

@@ -102,8 +102,14 @@ class GemmConfig:
     def __post_init__(self):
         if self.tile_m not in (64, 128):
             raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
-        if self.tile_n not in (64, 128, 256):
-            raise ValueError(f"tile_n={self.tile_n}: 64, 128 or 256")
+        if self.tile_n % 32 or not 64 <= self.tile_n <= 256:
+            # one m64nNk16 WGMMA per warpgroup spans the tile's N (N <= 256); the epilogue
+            # stores 32-column sub-tiles. Widths between the powers of two (160, 192) exist to
+            # fit a shape's tiles to the SMs: 512 x 5120 is 80 tiles of 128 x 256 on 132 SMs
+            # but 128 tiles of 128 x 160
+            raise ValueError(f"tile_n={self.tile_n}: a multiple of 32 from 64 to 256")
+        if self.tile_n % self.epi_n:
+            raise ValueError(f"epi_n={self.epi_n} must divide tile_n={self.tile_n}")
         if self.tile_k != 64:
             raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
