@@ -60,7 +60,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     multicast along M would share nothing; few output tiles: also split-K, as the
     library's rule would apply it everywhere; the correctness check before timing guards
     every candidate)."""
-    from cutetma.ops import split_for_waves, wave_efficiency
+    from cutetma.ops import auto_tile_and_split, split_for_waves, wave_efficiency
 
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
@@ -77,8 +77,10 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
         if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
             seen.append(dict(load=name, tile=(128, 256), stream_k=True))
             seen += [dict(load=name, tile=tile) for tile in NARROW_TILES]
-        if name == "tma":
-            seen += [c for c in (dict(load=name, tile=t) for t in EXTRA_TILES) if c not in seen]
+        tile, split = auto_tile_and_split(m, n, k, SM_COUNT)  # the library's own choice
+        chosen = dict(load=name, tile=tile, **({"split_k": split} if split > 1 else {}))
+        extra = [dict(load=name, tile=t) for t in EXTRA_TILES] if name == "tma" else []
+        seen += [c for c in [chosen, *extra] if c not in seen]
     for kwargs in MECHANISMS[name]:
         if m > 64:
             options = [kwargs]
