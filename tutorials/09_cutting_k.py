@@ -1,4 +1,4 @@
-"""09 - Cutting K: when whole tiles leave SMs idle, share the k-tiles instead.
+"""09 - Cutting K (or fitting the tile): when whole tiles leave SMs idle.
 
 Run: ``python tutorials/09_cutting_k.py``. On a CPU machine it shows the wave arithmetic,
 stream-K's work list from the kernel's own function, the hand-over instructions in the PTX
@@ -8,8 +8,10 @@ and stream-K against torch and times them against whole tiles.
 **Wave quantization.** The persistent GEMM (07) gives each of the 132 SMs whole output tiles
 in turn. 512 x 5120 in 128 x 256 tiles is 4 x 20 = 80 tiles: one wave that keeps 80 SMs busy
 and 52 idle, so the kernel can reach at most 80 / 132 = 61% of the card however fast its
-mainloop is. Smaller tiles help a little (160 tiles of 128 x 128: 2 waves, the second 21%
-full), at a lower rate per tile. The cure is to cut along K, which every tile has plenty of.
+mainloop is. Halving the tile helps a little (160 tiles of 128 x 128: 2 waves, the second
+21% full), at a lower rate per tile. Two cures: fit the tile's width to the SMs (128 x 160 is
+4 x 32 = 128 tiles, 97% of the card in one wave: a WGMMA's N may be any multiple of 8 up to
+256, and the kernel takes any multiple of 32), or cut along K, which every tile has plenty of.
 
 **Two ways to cut, one kernel.** Both keep the producer, the stages, the WGMMAs and the
 epilogue of 07; only the list of work units and the hand-over of fp32 partial sums differ
@@ -33,14 +35,19 @@ call, and a CUDA graph replays correctly (tests/test_gemm_gpu.py checks both).
 ticket or flag, the last unit's loads) measured 8 us at two slices and 11-13 us at three on
 the H200: latency while both consumer warpgroups wait, not bandwidth. So cutting pays only
 where a wave's tail is long: ``ops.grid_time`` models waves x (k-tiles per unit + hand-over)
-and ``cutetma.gemm`` picks the tile and slices it predicts fastest.
+x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``ops.AUTO_TILES``: 128 x 256,
+192, 160, 128) and slices it predicts fastest. A fitted tile needs no hand-over at all, so
+it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
+width fits (N = 512 or 1536).
 
 Kernel: ``cutetma.kernels.gemm_sm90``; entry point ``cutetma.gemm(a, b, split_k=...,
 stream_k=...)`` (no options: the model's choice). ``benchmarks/gemm.py --every`` records
 every candidate per cell.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
-2026-11-30, ``python tutorials/09_cutting_k.py``), the GPU part:
+2026-11-30, ``python tutorials/09_cutting_k.py``), the GPU part, before the fitted widths
+existed (the default was then split_k=3; it is now one wave of 128 x 160 tiles, which
+``gemm.json`` measured at 670-684 TFLOP/s here, 0.98-0.99x cuBLAS in the same run):
 
     == 6. On the GPU: 512x5120x12288 fp16, against an fp32 reference, CUDA-graph timing
     torch.matmul (cuBLAS)      0.092 ms   698.6 TFLOP/s  max error 0.242
@@ -65,7 +72,7 @@ from cutetma.kernels.gemm_sm90 import GemmConfig, stream_k_unit
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SM_COUNT = 132
-SHAPE = (512, 5120, 12288)  # 80 tiles of 128 x 256, 192 k-tiles: the model cuts it in 3
+SHAPE = (512, 5120, 12288)  # 80 tiles of 128 x 256, 192 k-tiles; 128 of 128 x 160
 
 
 def heading(title: str) -> None:
@@ -74,16 +81,17 @@ def heading(title: str) -> None:
 
 def waves() -> float:
     heading("1. Wave quantization: the share of 132 SMs whole tiles can keep busy")
-    print(f"{'M x N':>13} {'128x256 tiles':>14} {'filled':>7} {'128x128 tiles':>14} {'filled':>7}")
+    widths = (256, 160, 128)
+    print(f"{'M x N':>13}" + "".join(f"{f'128x{w} tiles':>14} {'filled':>7}" for w in widths))
     worst = 1.0
     for m, n in [(512, 5120), (256, 10240), (2048, 5120), (512, 1536), (8192, 8192)]:
-        cells = []
-        for tile in ((128, 256), (128, 128)):
-            tiles = -(-m // tile[0]) * -(-n // tile[1])
-            cells.append((tiles, ops.wave_efficiency(m, n, tile, SM_COUNT)))
-        worst = min(worst, cells[0][1])
-        print(f"{m:>6} x {n:<6} {cells[0][0]:>14} {cells[0][1]:>7.0%} "
-              f"{cells[1][0]:>14} {cells[1][1]:>7.0%}")
+        line = f"{m:>6} x {n:<6}"
+        for w in widths:
+            tiles = -(-m // 128) * -(-n // w)
+            filled = ops.wave_efficiency(m, n, (128, w), SM_COUNT)
+            worst = min(worst, filled) if w == 256 else worst
+            line += f"{tiles:>14} {filled:>7.0%}"
+        print(line)
     return worst
 
 
@@ -141,7 +149,7 @@ def the_model() -> str:
     heading("4. The model cutetma.gemm chooses by, and the H200's winners")
     m, n, k = SHAPE
     print(f"grid_time of {m}x{n}x{k} (k-tile times of a 128x256 tile; lower is better):")
-    for tile in ((128, 256), (128, 128)):
+    for tile in ops.AUTO_TILES:
         times = {s: ops.grid_time(m, n, k, tile, s, SM_COUNT) for s in (1, 2, 3, 4)}
         print(f"  {tile[0]}x{tile[1]}: " + ", ".join(f"{s} slice(s) {t:.0f}"
                                                     for s, t in times.items()))
@@ -164,25 +172,33 @@ def the_model() -> str:
 
 
 def measured() -> str:
-    heading("5. Measured on the H200: every candidate of the wave-starved cells "
-            "(gemm_split_every.json, fp16, TFLOP/s)")
-    path = RESULTS / "gemm_split_every.json"
+    heading("5. Measured on the H200: the candidates of wave-starved and full cells "
+            "(gemm_narrow_every.json, fp16, TFLOP/s, TMA)")
+    path = RESULTS / "gemm_narrow_every.json"
     if not path.exists():
         print("(no results file)")
         return "no ablation"
-    wins = 0
-    print(f"{'M x N x K':>20} {'cuBLAS':>7} {'whole':>6} {'split':>6} {'stream':>7}  (TMA)")
-    for row in json.loads(path.read_text())["rows"]:
-        best = {"whole": 0.0, "split": 0.0, "stream": 0.0}
+    kinds = ("128x256", "128x128", "fitted", "split", "stream")
+    fitted_wins = split_wins = 0
+    rows = json.loads(path.read_text())["rows"]
+    print(f"{'M x N x K':>20} {'cuBLAS':>7}" + "".join(f"{kind:>9}" for kind in kinds))
+    for row in rows:
+        best = dict.fromkeys(kinds, 0.0)
         for entry in row.get("tma_every", []):
             cfg = entry["config"]
+            if cfg.get("schedule") or cfg.get("cluster"):
+                continue  # the cooperative, single-CTA candidates only
             kind = ("split" if cfg.get("split_k") else "stream" if cfg.get("stream_k")
-                    else "whole")
+                    else "x".join(map(str, cfg["tile"])))
+            kind = kind if kind in kinds else "fitted"  # 128 x 160 or 128 x 192
             best[kind] = max(best[kind], entry["tflops"])
-        wins += best["split"] > best["whole"]
-        print(f"{row['M']:>6}x{row['N']}x{row['K']:<6} {row['cublas']:>7.0f} "
-              f"{best['whole']:>6.0f} {best['split']:>6.0f} {best['stream']:>7.0f}")
-    return f"split-K beat whole tiles in {wins} of 7 ablation cells"
+        whole = max(best["128x256"], best["128x128"])
+        fitted_wins += best["fitted"] > max(whole, best["split"], best["stream"])
+        split_wins += best["split"] > whole
+        print(f"{row['M']:>6}x{row['N']}x{row['K']:<6} {row['cublas']:>7.0f}"
+              + "".join(f"{best[kind]:>9.0f}" for kind in kinds))
+    return (f"a fitted width was the fastest in {fitted_wins} of {len(rows)} ablation cells "
+            f"(split-K beat the power-of-two tiles in {split_wins})")
 
 
 def on_the_gpu() -> str:
@@ -236,7 +252,8 @@ def main() -> int:
         gpu = on_the_gpu()
     heading("Takeaway:")
     print(f"Takeaway: whole tiles can leave most of the card idle (as little as {worst:.0%} "
-          f"of it busy above); cutting K fills it at the price of a hand-over of fp32 partials "
+          f"of it busy above). A tile width fitted to the SMs fills it for free where one "
+          f"exists; cutting K fills it at the price of a hand-over of fp32 partials "
           f"({counts['partial out (16 B)']['split_k=3']} 16-byte stores, one ticket or flag, "
           f"and the last unit's {counts['partial in (16 B)']['split_k=3']} loads in the "
           f"split-K PTX; stream-K's list here writes {writes} partials). That hand-over costs "
