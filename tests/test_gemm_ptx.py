@@ -191,6 +191,26 @@ def test_automatic_split_k_follows_the_measurements(mnk, tile, split):
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (*tile, split)
 
 
+@pytest.mark.parametrize("mnk,schedule", [
+    ((512, 16384, 512), "pingpong"),     # 8 k-tiles: pingpong won 11 of 12 such cells
+    ((8192, 32768, 512), "pingpong"),
+    ((256, 16384, 512), "cooperative"),  # M = 256: it lost
+    ((2048, 24576, 1536), "cooperative"),  # 24 k-tiles: mostly lost
+    ((8192, 8192, 8192), "cooperative"),
+])
+def test_automatic_schedule_follows_the_measurements(mnk, schedule):
+    from cutetma import ops
+
+    m, n, k = mnk
+    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    assert cfg.schedule == schedule
+    if schedule == "pingpong":
+        assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (128, 128, 1)
+    explicit = ops._gemm_config(m, n, "tma", None, None, 132, schedule="cooperative",
+                                split_k=None, k=k)
+    assert explicit.schedule == "cooperative"  # an explicit choice is kept
+
+
 def test_automatic_split_k_stays_out_of_explicit_choices():
     from cutetma import ops
 

@@ -241,6 +241,16 @@ def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132
     return min(options, key=lambda s: grid_time(m, n, k, tile, s, sm_count))
 
 
+def pingpong_pays(m: int, k: int) -> bool:
+    """Whether ``cutetma.gemm`` runs pingpong 128 x 128 instead of cooperative tiles: each
+    warpgroup's epilogue then hides under the other's WGMMAs, which pays where the epilogue
+    is a large share of a tile's time, i.e. where K is a few k-tiles. On the H200
+    (gemm.json, 2026-11-30) pingpong won 11 of the 12 cells with K = 512 and M >= 512, by
+    1-9% over the cooperative choice (median 5%); at M = 256 (4 cells) and at K = 1536 (5 of
+    8 cells) it lost."""
+    return -(-k // 64) <= 8 and m >= 512
+
+
 def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
     """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``."""
     options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in AUTO_TILES]
@@ -248,7 +258,7 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
 
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
-                 schedule: str = "cooperative", split_k: int | None = 1, k: int = 0,
+                 schedule: str | None = None, split_k: int | None = 1, k: int = 0,
                  stream_k: bool = False):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
@@ -263,12 +273,15 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         split_k = 1
     if split_k is None:  # automatic: tile and K slices from the H200 measurements
         split_k = 1
-        if tile is None and schedule == "cooperative" and tuple(cluster) == (1, 1):
+        if tile is None and schedule != "pingpong" and tuple(cluster) == (1, 1):
             if m > 64:
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
+                if schedule is None and split_k == 1 and pingpong_pays(m, k):
+                    tile, schedule = (128, 128), "pingpong"
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
                 tile = (64, 128) if split_k > 1 else None
+    schedule = schedule or "cooperative"
     if tile is None and schedule == "pingpong":
         tile = (64, 256) if m > 64 else (64, 128)
     if tile is None:
@@ -310,7 +323,7 @@ def _max_active_clusters(cfg) -> int:
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
-         schedule: str = "cooperative", split_k: int | None = None, stream_k: bool = False,
+         schedule: str | None = None, split_k: int | None = None, stream_k: bool = False,
          allow_copy: bool = True, config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
@@ -323,7 +336,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
-    WGMMAs). ``split_k`` > 1 cuts K into that many slices, each its own work unit; the last
+    WGMMAs); ``None`` (the default): cooperative, or pingpong 128 x 128 where K is short
+    and no tile or cluster is given (``pingpong_pays``). ``split_k`` > 1 cuts K into that many slices, each its own work unit; the last
     slice of a tile to finish adds the others' fp32 partials in the kernel. ``None`` (the
     default) lets a model measured on the H200 choose the tile and the slices for M > 64
     (``auto_tile_and_split``: it cuts K only where a wave's tail is long) and
