@@ -200,9 +200,11 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
     return tiles / (-(-tiles // sm_count) * sm_count)
 
 
-# A k-tile's time relative to one of a 128 x 256 tile: 128 x 128 does half the work a little
-# less efficiently (fitted to the winners of the H200 grid, gemm.json 2026-11-30: with it the
-# model picks the measured best tile and split in 135 of 146 cells with M >= 256)
+# A k-tile's time relative to one of a 128 x 256 tile: narrower tiles do less work a k-tile a
+# little less efficiently. On the H200 (2026-11-30) 128 x 128 was fitted to the winners of the
+# grid, 160 and 192 to the k-tile times of gemm_narrow_every.json (0.38-0.44 / 0.49-0.53 /
+# 0.57-0.62 / 0.69-0.81 us at 128 / 160 / 192 / 256 wide); with them the model picks the
+# measured fastest (tile, slices) in 121 of 133 cooperative cells with M >= 256 (gemm.json)
 K_TILE_TIME = {(128, 256): 1.0, (128, 192): 0.8, (128, 160): 0.69, (128, 128): 0.56}
 # the tiles ``cutetma.gemm`` chooses from for M > 64: the widths between 128 and 256 fit a
 # shape's tiles to the SMs (512 x 5120: 80 tiles of 128 x 256 on 132 SMs, 128 of 128 x 160)
@@ -276,7 +278,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         if tile is None and schedule != "pingpong" and tuple(cluster) == (1, 1):
             if m > 64:
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
-                if schedule is None and split_k == 1 and pingpong_pays(m, k):
+                if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
                     tile, schedule = (128, 128), "pingpong"
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
@@ -337,8 +339,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
     WGMMAs); ``None`` (the default): cooperative, or pingpong 128 x 128 where K is short
-    and no tile or cluster is given (``pingpong_pays``). ``split_k`` > 1 cuts K into that many slices, each its own work unit; the last
-    slice of a tile to finish adds the others' fp32 partials in the kernel. ``None`` (the
+    and no tile or cluster is given, with TMA (``pingpong_pays``). ``split_k`` > 1 cuts K
+    into that many slices, each its own work unit; the last slice of a tile to finish adds
+    the others' fp32 partials in the kernel. ``None`` (the
     default) lets a model measured on the H200 choose the tile and the slices for M > 64
     (``auto_tile_and_split``: it cuts K only where a wave's tail is long) and
     ``split_k_for`` for M <= 64; never with an explicit ``tile``, a cluster or pingpong. 1
