@@ -148,6 +148,22 @@ def test_split_k_reduces_in_the_kernel_by_ticket(load):
     assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k_sums_every_slot_in_one_block(split):
+    """The last slice sums all ``split`` slots (its own included) with no branch between the
+    loads, so they can be in flight together and the sum does not depend on which slice
+    came last. Skipping the own slot (until 2026-11-30) put each other slice's loads behind
+    a branch of its own."""
+    cfg = GemmConfig(tile_n=128, split_k=split)
+    lines = kernels.compile_gemm(cfg, "Float16").ptx.splitlines()
+    loads = [i for i, line in enumerate(lines) if "ld.global.v4.b32" in line]
+    per_slot = 128 * 128 // (2 * 128) // 4  # fp32 values per consumer thread, 4 a load
+    assert len(loads) == split * per_slot
+    between = lines[loads[0]:loads[-1]]
+    assert not any(re.match(r"\s*(@%p\d+\s+)?bra", line) for line in between)
+    assert not any(line.strip().endswith(":") for line in between)  # no label: one block
+
+
 def test_split_k_leaves_the_unsplit_kernel_alone():
     """split_k=1 must compile to the kernel validated on the H200 (no workspace traffic)."""
     ptx = kernels.compile_gemm(GemmConfig(tile_n=128), "Float16").ptx

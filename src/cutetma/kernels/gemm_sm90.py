@@ -645,6 +645,24 @@ class HopperGemm:
                 regs[e, i] = regs[e, i] + part[e]
 
     @cute.jit
+    def _sum_partials(self, acc, mPartials, first_slot, tid, threads):
+        """The accumulator becomes the sum of the tile's ``split_k`` slots in slot order, its
+        own slot included. No branch on which slice this is: every load sits in one basic
+        block, so ptxas can keep them in flight together (skipping the own slot took a
+        branch per slice, and each slice's loads became a round trip of their own), and the
+        sum is the same whichever slice arrived last (bitwise reproducible)."""
+        regs, slots = self._partial_views(acc, mPartials, tid, threads)
+        part = cute.make_rmem_tensor((4,), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            for s in cutlass.range_constexpr(self.cfg.split_k):
+                cute.autovec_copy(slots[(None, i, first_slot + s)], part)
+                for e in cutlass.range_constexpr(4):
+                    if cutlass.const_expr(s == 0):
+                        regs[e, i] = part[e]
+                    else:
+                        regs[e, i] = regs[e, i] + part[e]
+
+    @cute.jit
     def _leave_partial(self, acc, mPartials, mFlags, tid, threads, sync):
         """A stream-K writer: the accumulator into workspace slot ``blockIdx.x``, then the
         slot's flag (release, after every consumer thread's stores)."""
@@ -674,10 +692,11 @@ class HopperGemm:
                         threads, sync):
         """Split-K after a unit's mainloop: store the partial in slot ``tile * split_k +
         split``, then (one thread, after everyone's stores, acq_rel) take a ticket from the
-        tile's counter. The unit with the last ticket adds the other slices' partials and
-        returns True (it stores the tile), resetting the counter for the next launch; the
-        others return False. No unit waits for another, so no order of CTAs on the SMs (a
-        later wave, another kernel beside this one) can stall it."""
+        tile's counter. The unit with the last ticket sums every slice's partial (its own
+        included, in slot order: ``_sum_partials``) and returns True (it stores the tile),
+        resetting the counter for the next launch; the others return False. No unit waits
+        for another, so no order of CTAs on the SMs (a later wave, another kernel beside
+        this one) can stall it."""
         slices = self.cfg.split_k
         self._store_partial(acc, mPartials, tile * slices + split, tid, threads)
         sync.arrive_and_wait()
@@ -691,7 +710,5 @@ class HopperGemm:
         sync.arrive_and_wait()
         last = sTickets[team] == slices - 1
         if last:
-            for other in cutlass.range_constexpr(slices):
-                if other != split:
-                    self._add_partial(acc, mPartials, tile * slices + other, tid, threads)
+            self._sum_partials(acc, mPartials, tile * slices, tid, threads)
         return last
