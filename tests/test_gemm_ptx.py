@@ -139,7 +139,7 @@ def test_raster_band_never_pads_the_grid():
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_split_k_reduces_in_the_kernel_by_ticket(load):
     """Each slice stores its partial (16-byte vectors), one thread takes a ticket (acq_rel
-    atomic), the last slice reads the others' partials and stores C through the usual TMA
+    atomic), the last slice sums the partials and stores C through the usual TMA
     epilogue: nothing is left for a second kernel."""
     cfg = GemmConfig(tile_n=128, load=load, split_k=3)
     ptx = kernels.compile_gemm(cfg, "Float16").ptx

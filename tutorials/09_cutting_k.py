@@ -20,7 +20,8 @@ epilogue of 07; only the list of work units and the hand-over of fp32 partial su
     split-K (S slices)   every tile's K in S equal units, dealt out like tiles. Each unit
                          stores its partial in a workspace slot, then one thread takes a
                          ticket (atom.add.acq_rel on the tile's counter). The unit with the
-                         last ticket adds the others' partials and stores C; nobody waits.
+                         last ticket sums all the partials (slot order) and stores C;
+                         nobody waits.
     stream-K             whole waves stay whole; the k-tiles of the rest are cut into one
                          equal range per CTA (``stream_k_unit``). The CTA holding a tile's
                          first k-tile owns it: it spins (ld.acquire) on the flags of the CTAs

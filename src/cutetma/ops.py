@@ -340,12 +340,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``"pingpong"`` (each warpgroup its own tiles, epilogues hidden under the other's
     WGMMAs); ``None`` (the default): cooperative, or pingpong 128 x 128 where K is short
     and no tile or cluster is given, with TMA (``pingpong_pays``). ``split_k`` > 1 cuts K
-    into that many slices, each its own work unit; the last slice of a tile to finish adds
-    the others' fp32 partials in the kernel. ``None`` (the
-    default) lets a model measured on the H200 choose the tile and the slices for M > 64
-    (``auto_tile_and_split``: it cuts K only where a wave's tail is long) and
-    ``split_k_for`` for M <= 64; never with an explicit ``tile``, a cluster or pingpong. 1
-    never splits. ``stream_k``: the last waves' k-tiles are shared evenly between all SMs
+    into that many slices, each its own work unit; the last slice of a tile to finish sums
+    the slices' fp32 partials in the kernel (in slot order: the same bits every launch).
+    ``None`` (the default) lets a model measured on the H200 choose the tile and the slices
+    for M > 64 (``auto_tile_and_split``: it cuts K only where a wave's tail is long) and
+    ``split_k_for`` for M <= 64; never with an explicit ``tile``, a cluster or pingpong.
+    1 never splits. ``stream_k``: the last waves' k-tiles are shared evenly between all SMs
     and the CTAs that share a tile add their fp32 partials through a workspace
     (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue

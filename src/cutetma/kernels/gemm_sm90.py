@@ -30,10 +30,11 @@ loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are 
 whose rasterization band divides the grid (no phantom tiles).
 
 When the output tiles fill the SMs' waves badly, K is cut: ``split_k`` slices every tile's K
-into equal work units (the last unit of a tile to finish adds the others' fp32 partials from
-a workspace and stores the tile), ``stream_k`` shares the last waves' k-tiles evenly between
-all CTAs (the CTA holding a tile's first k-tile waits for the others' partials). Both keep
-every operand, stage and epilogue as they are; only the work list and the hand-over differ::
+into equal work units (the last unit of a tile to finish sums all its slices' fp32 partials
+from a workspace, in slot order, and stores the tile), ``stream_k`` shares the last waves'
+k-tiles evenly between all CTAs (the CTA holding a tile's first k-tile waits for the others'
+partials). Both keep every operand, stage and epilogue as they are; only the work list and
+the hand-over differ::
 
     workspace    mPartials: fp32 tile slots (16-byte vectors, the MMA's thread order)
                  mFlags: split-K a ticket counter per tile, stream-K a ready flag per CTA
@@ -88,7 +89,7 @@ class GemmConfig:
     # split-K: each output tile's K range is cut into this many slices, each a work unit of
     # its own (more units in flight when M x N has too few tiles). Every unit leaves its fp32
     # partial in a workspace slot and takes a ticket from its tile's counter; the last to
-    # arrive adds the others' partials and stores the tile (nobody waits, so no unit can
+    # arrive sums all the partials and stores the tile (nobody waits, so no unit can
     # block another: see ``_split_k_finish``).
     split_k: int = 1
     # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
