@@ -54,8 +54,10 @@ def test_n_major_b_and_other_tiles(load, tile):
 @pytest.mark.parametrize("vectors,lines,shape", [
     (8, 128, (8, 16)),    # K-major, 64 of K: whole lines
     (32, 64, (32, 4)),    # N-major B, 256 wide
-    (20, 64, (4, 32)),    # N-major B, 160 wide: whole lines would leave 48 threads idle, and
-    (24, 64, (8, 16)),    # those threads copied past the tile (wrong on the H200, 2026-11-30)
+    # N-major B, 160 wide: whole lines left 48 threads idle, and they copied past the tile
+    # (wrong results on the H200, 2026-11-30)
+    (20, 64, (4, 32)),
+    (24, 64, (8, 16)),    # N-major B, 192 wide
 ])
 def test_cp_async_shares_every_tile_over_all_producer_threads(vectors, lines, shape):
     from cutetma.copy import cpasync
