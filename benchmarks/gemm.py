@@ -14,7 +14,9 @@ are the figures.
 Every kernel's output is checked against cuBLAS before it is timed; a wrong kernel is
 reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``--cells``
 and ``--dtypes`` narrow the grid.
-Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out.
+Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out. The whole grid takes about
+8 minutes on the H200; to stay under a call's limit run ``--dtypes float16 --name gemm_fp16``
+and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU).
 """
 
 from __future__ import annotations
@@ -301,6 +303,9 @@ def main(argv=None):
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
     ap.add_argument("--tiles", nargs="*", default=[], metavar="MxN",
                     help="also offer TMA these tiles in every cell with M > 64 (an ablation)")
+    ap.add_argument("--merge", nargs="*", metavar="JSON",
+                    help="no GPU: join the rows of these results files (e.g. one per dtype, "
+                         "run in separate calls) into --name, with its summary and plot")
     args = ap.parse_args(argv)
     EXTRA_TILES[:] = [tuple(int(x) for x in t.split("x")) for t in args.tiles]
     from cutetma import results
@@ -310,10 +315,23 @@ def main(argv=None):
     def checkpoint(rows):
         results.write(args.name, rows, out, extra_meta={"complete": False})
 
-    rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every)
+    if args.merge:
+        import json
+
+        parts = [json.loads(Path(f).read_text()) for f in args.merge]
+        rows = [row for part in parts for row in part["rows"]]
+        extra = {"merged_from": [dict(file=Path(f).name, **{k: part["meta"].get(k) for k in
+                                                             ("date", "command", "complete")})
+                                 for f, part in zip(args.merge, parts, strict=True)],
+                 # the machine the rows were measured on, not this one
+                 **{k: parts[0]["meta"].get(k) for k in ("device", "clocks", "torch", "cuda",
+                                                         "cutlass_dsl")}}
+    else:
+        rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every)
+        extra = {"seconds": round(time.time() - t0)}
     summary = summarize(rows)
     path = results.write(args.name, rows, out, extra_meta={
-        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
+        "summary": summary, "complete": True, **extra})
     plot(rows, out / f"{args.name}.png")
     print(f"wrote {path} and {out / f'{args.name}.png'}")
     for key, value in summary.items():

@@ -386,3 +386,58 @@ def test_wgmma_stays_asynchronous(cfg):
     log = kernels.ptxas_log(kernels.compile_gemm(cfg, "Float16").ptx)
     assert "C7520" not in log and "C7512" not in log, log
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def _gemm_benchmark():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm
+
+    return gemm
+
+
+def test_benchmark_offers_fitted_tiles_and_the_library_choice():
+    """Where 128 x 256 tiles leave SMs idle the benchmark also times 128 x 192 / 160 (so the
+    grid can show what fitting the tile gives), and every cell times what ``cutetma.gemm``
+    itself would choose."""
+    from cutetma import ops
+
+    gemm = _gemm_benchmark()
+    for name in ("tma", "cp_async"):
+        starved = [c.get("tile") for c in gemm.candidates(name, 512, 5120, 5120)]
+        assert (128, 160) in starved and (128, 192) in starved
+        full = [c.get("tile") for c in gemm.candidates(name, 8192, 8192, 8192)]
+        assert (128, 160) not in full
+    for mnk in [(512, 5120, 5120), (256, 512, 5120), (2048, 1536, 5120)]:
+        tile, split = ops.auto_tile_and_split(*mnk)
+        chosen = [c for c in gemm.candidates("tma", *mnk)
+                  if c.get("tile") == tile and c.get("split_k", 1) == split
+                  and not c.get("schedule") and not c.get("stream_k")]
+        assert chosen, mnk
+
+
+def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
+    """``gemm.py --merge`` joins per-dtype runs (the grid outgrows one device call) into one
+    file with the summary over all rows and the meta of the machine that measured them."""
+    import json
+
+    gemm = _gemm_benchmark()
+
+    def row(dtype, m, ours):
+        return {"M": m, "N": 4096, "K": 4096, "dtype": dtype, "cublas": 100.0, "tma": ours,
+                "cp_async": ours / 2}
+
+    for dtype, ours in (("float16", 90.0), ("bfloat16", 110.0)):
+        doc = {"meta": {"device": "NVIDIA H200", "date": "2026-11-30", "command": "gemm.py",
+                        "complete": True}, "rows": [row(dtype, 512, ours)]}
+        (tmp_path / f"{dtype}.json").write_text(json.dumps(doc))
+    assert gemm.main(["--merge", str(tmp_path / "float16.json"), str(tmp_path / "bfloat16.json"),
+                      "--out", str(tmp_path), "--name", "joined"]) == 0
+    joined = json.loads((tmp_path / "joined.json").read_text())
+    assert [r["dtype"] for r in joined["rows"]] == ["float16", "bfloat16"]
+    assert joined["meta"]["device"] == "NVIDIA H200"
+    assert joined["meta"]["summary"]["geomean_tma_vs_cublas_M>=256"] == pytest.approx(
+        (0.9 * 1.1) ** 0.5)
+    assert (tmp_path / "joined.png").exists()
