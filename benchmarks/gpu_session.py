@@ -8,6 +8,16 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 7's GEMM calls (snapshot of the working tree carried with ``.gpu``; one tarball)::
+
+    source .gpu/prelude.sh && python -m pytest -q -m gpu tests/test_gemm_gpu.py  # 67, ~3 min
+    source .gpu/prelude.sh && python benchmarks/gemm_tune.py --out /tmp/r   # sweep + headline
+    source .gpu/prelude.sh && python benchmarks/gemm.py --every --dtypes float16 \
+        --tiles 128x160 128x192 --cells 512x5120x5120 ... --name gemm_narrow_every --out /tmp/r
+    source .gpu/prelude.sh && python benchmarks/gemm.py --out /tmp/r   # about 8 minutes now
+    # (the grid nears a call's 10-minute limit: --dtypes float16 --name gemm_fp16 and
+    # --dtypes bfloat16 --name gemm_bf16 in two calls, then --merge them on the host)
+
 Session 6's GEMM calls (same snapshot / tarball habit)::
 
     source .gpu/prelude.sh && python -m pytest -q -m gpu tests/test_gemm_gpu.py \
@@ -29,9 +39,10 @@ written under /tmp and returned as one tarball, since at most 8 files come back)
     tar czf $OUT/r.tgz -C /tmp r
 
 (57 GPU tests about 2.5 minutes; the 72-cell attention grid with its ablations under 3; the
-GEMM grid (``--only gemm_bench``) about 5 minutes on its own; each ncu profile under a
-minute). Results go to $OUT only: do not copy the snapshot's own results over them. An A/B of
-two builds: ``benchmarks/attention.py --variants tma`` from each snapshot, twice, interleaved.
+GEMM grid (``--only gemm_bench``) about 8 minutes on its own since session 7; each ncu
+profile under a minute). Results go to $OUT only: do not copy the snapshot's own results over
+them. An A/B of two builds: ``benchmarks/attention.py --variants tma`` from each snapshot,
+twice, interleaved.
 """
 
 from __future__ import annotations
