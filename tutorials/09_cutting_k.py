@@ -90,7 +90,8 @@ def waves() -> float:
         for w in widths:
             tiles = -(-m // 128) * -(-n // w)
             filled = ops.wave_efficiency(m, n, (128, w), SM_COUNT)
-            worst = min(worst, filled) if w == 256 else worst
+            if w == 256:  # the usual tile: how idle it leaves the card
+                worst = min(worst, filled)
             line += f"{tiles:>14} {filled:>7.0%}"
         print(line)
     return worst
