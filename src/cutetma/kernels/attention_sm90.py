@@ -795,10 +795,9 @@ class FlashAttentionSm90:
         leave in ``correction`` the factor O must be rescaled by (``_rescale``): the caller
         decides when, so the rescale can wait for an in-flight P V to finish."""
         for r in cutlass.range_constexpr(2):
-            new_max = row_max[r]
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                if cutlass.const_expr((i // 2) % 2 == r):
-                    new_max = cute.arch.fmax(new_max, acc_s[i])
+            row = [i for i in range(cute.size(acc_s)) if (i // 2) % 2 == r]
+            new_max = cute.arch.fmax(row_max[r], pairwise([acc_s[i] for i in row],
+                                                          cute.arch.fmax))
             new_max = cute.arch.warp_reduction_max(new_max, threads_in_group=4)
             # a fully masked row keeps max -inf: use 0 so exp2 gives 0, not NaN
             safe_max = new_max
@@ -809,13 +808,10 @@ class FlashAttentionSm90:
                 corr = 0.0
             correction[r] = corr
             row_max[r] = new_max
-            block_sum = 0.0
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                if cutlass.const_expr((i // 2) % 2 == r):
-                    p = cute.math.exp2(acc_s[i] * scale_log2 - safe_max * scale_log2,
-                                       fastmath=True)
-                    acc_s[i] = p
-                    block_sum += p
+            max_scaled = safe_max * scale_log2
+            for i in row:
+                acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - max_scaled, fastmath=True)
+            block_sum = pairwise([acc_s[i] for i in row], lambda a, b: a + b)
             row_sum[r] = row_sum[r] * corr + block_sum  # per thread; reduced at the end
 
     @cute.jit
@@ -884,6 +880,17 @@ class FlashAttentionSm90:
             got = cute.arch.shuffle_sync_bfly(cutlass.Int32(send), offset=m)
             words[a] = cutlass.select_(upper, got, words[a])
             words[b] = cutlass.select_(upper, words[b], got)
+
+
+def pairwise(values, combine):
+    """``combine`` over ``values`` as a balanced tree (traced: a plain Python function, so the
+    loop unrolls). A row's max and sum of exps as one left-to-right chain are 32 dependent
+    instructions at d = 128 (ptxas does not reassociate them), which the softmax of one warp
+    waits out at the start of every block; as a tree the same 31 instructions are 5 deep."""
+    while len(values) > 1:
+        values = [combine(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
 
 
 def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None):
