@@ -40,13 +40,26 @@ SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 ALT_BLOCKS = {64: (192, 96), 256: (128, 80)}
 
 
-def cells(quick: bool, head_dims=HEAD_DIMS):
-    seqs = (1024, 4096) if quick else SEQLENS
+def cells(quick: bool, head_dims=HEAD_DIMS, seqlens=SEQLENS, masks=(False, True)):
+    seqs = (1024, 4096) if quick else seqlens
     dims = (128,) if quick else head_dims
-    return [(d, s, causal) for d in dims for s in seqs for causal in (False, True)]
+    return [(d, s, causal) for d in dims for s in seqs for causal in masks]
 
 
-def variants(dtype: str, d: int, causal: bool, chosen=None):
+def parse_custom(spec: str):
+    """``NAME=key:value,key:value`` -> (NAME, {key: value}): a column of ours with those
+    AttentionConfig fields (ints where they parse), e.g. ``n176=block_n:176,stages:2``."""
+    name, _, fields = spec.partition("=")
+    config = {}
+    for field in filter(None, fields.split(",")):
+        key, _, value = field.partition(":")
+        config[key] = int(value) if value.lstrip("-").isdigit() else value
+    if not name or not config:
+        raise argparse.ArgumentTypeError(f"--custom {spec!r}: NAME=key:value[,key:value...]")
+    return name, config
+
+
+def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
     """Ours, as (column, mechanism, config overrides or a schedule name or None: the torch
     face's default). The full run: the defaults for both dtypes, the ablations for fp16 only.
     ``chosen``: exactly these columns, for both dtypes (an A/B of a few; ``tma_two_q`` and
@@ -65,14 +78,16 @@ def variants(dtype: str, d: int, causal: bool, chosen=None):
     if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
         every += [("tma_two_kv_stages", "tma", dict(stages=2))]
     every += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
-    if chosen is not None:
-        return [v for v in every if v[0] in chosen]
+    extra = [(name, config.get("load", "tma"), config) for name, config in custom]
+    if chosen is not None or extra:
+        return [v for v in every if v[0] in (chosen or ())] + extra
     return [v for v in every if v[0] not in ("tma_two_q", "tma_two_kv_stages") and (
         dtype == "float16" or v[0] in ("tma", "cp_async", "tma_one_cta_per_tile"))]
 
 
-def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
-    """One cell: cuDNN and FA2 (FA2 not with ``chosen``), then ours (``variants``)."""
+def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=()) -> dict:
+    """One cell: cuDNN and FA2 (FA2 not with ``chosen`` or ``custom``), then ours
+    (``variants``)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -87,7 +102,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     ref = None
     peers = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))
-    for name, backend in peers if chosen is None else peers[:1]:
+    for name, backend in peers if chosen is None and not custom else peers[:1]:
         def call(backend=backend):
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
@@ -98,9 +113,11 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None) -> dict:
             row[name] = flops / bench(call) / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    for load, mechanism, config in variants(dtype, d, causal, chosen):
+    for load, mechanism, config in variants(dtype, d, causal, chosen, custom):
         if isinstance(config, str):
             config = dict(schedule=config)
+        if config is not None:
+            config = {k: v for k, v in config.items() if k != "load"}
 
         def ours(mechanism=mechanism, config=config):
             if config is None:
@@ -204,7 +221,12 @@ def main(argv=None):
     ap.add_argument("--variants", nargs="+", metavar="COLUMN",
                     help="time cuDNN and only these columns of ours, both dtypes "
                          "(e.g. tma tma_two_q)")
+    ap.add_argument("--custom", nargs="+", type=parse_custom, default=[], metavar="NAME=K:V,..",
+                    help="extra columns of ours with these AttentionConfig fields, both "
+                         "dtypes (e.g. n176=block_n:176,stages:2); cuDNN only beside them")
     ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    ap.add_argument("--masks", choices=("both", "causal", "non-causal"), default="both")
     ap.add_argument("--replot", metavar="JSON",
                     help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
@@ -221,11 +243,12 @@ def main(argv=None):
     t0 = time.time()
     # both dtypes of a cell back to back, so they see the same card state (power, clocks)
     chosen = ["tma"] if args.default_only else args.variants
-    todo = [(dtype, c) for c in cells(args.quick, args.head_dims)
+    masks = {"both": (False, True), "causal": (True,), "non-causal": (False,)}[args.masks]
+    todo = [(dtype, c) for c in cells(args.quick, args.head_dims, args.seqlens, masks)
             for dtype in ("float16", "bfloat16")]
     rows = []
     for dtype, (d, s, causal) in progress(todo, len(todo)):
-        rows.append(measure(dtype, d, s, causal, chosen))
+        rows.append(measure(dtype, d, s, causal, chosen, args.custom))
         results.write("attention", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention", rows, out, extra_meta={
