@@ -35,9 +35,11 @@ from gemm import bench, progress  # noqa: E402
 TOKENS = 16384
 HEAD_DIMS = (64, 128, 256)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-# the block shape each head dim's default is measured against (fp16 rows): d = 64 three
-# consumer warpgroups (FlashAttention-3's 192-row tile, 96-key stages), d = 256 80-key stages
-ALT_BLOCKS = {64: (192, 96), 256: (128, 80)}
+# the block shape each (head dim, causal)'s default is measured against (fp16 rows): d = 64
+# three consumer warpgroups (FlashAttention-3's 192-row tile, 96-key stages), d = 256 the other
+# of 64- and 80-key stages (the default: 80 non-causal, 64 causal)
+ALT_BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (256, False): (128, 64),
+              (256, True): (128, 80)}
 
 
 def cells(quick: bool, head_dims=HEAD_DIMS, seqlens=SEQLENS, masks=(False, True)):
@@ -68,8 +70,8 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
 
     every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
     every += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
-    if d in ALT_BLOCKS:
-        block_m, block_n = ALT_BLOCKS[d]
+    if (d, causal) in ALT_BLOCKS:
+        block_m, block_n = ALT_BLOCKS[(d, causal)]
         every += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
     if d <= 128:  # two Q buffers leave no K/V stage at d = 256
         q_stages = AttentionConfig(head_dim=d, causal=causal).q_stages

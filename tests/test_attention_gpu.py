@@ -107,7 +107,7 @@ def test_every_schedule(schedule, causal, head_dim):
         check(q, k, v, causal, schedule=schedule, **blocks)
 
 
-@pytest.mark.parametrize("blocks", [(64, 192, 96), (256, 128, 80)])
+@pytest.mark.parametrize("blocks", [(64, 192, 96), (256, 128, 64), (256, 128, 80)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_benchmarked_block_shapes(blocks, causal):
     """The block shapes the benchmark measures the defaults against (ALT_BLOCKS)."""

@@ -84,19 +84,26 @@ LOG2_E = 1.4426950408889634
 # 160 is the most they can have, and the cp.async producer must make do with 32 as well (at
 # 56 / 152 ptxas serialized the WGMMAs of bf16 pingpong).
 # cp.async with two consumers: 40 / 232 since the 16-byte-store epilogue (at 56 / 224 the bf16
-# d = 128 causal consumers spilled 188 bytes; at 40 its producer spills 16 bytes, causal only)
-REGISTERS = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
+# d = 128 causal consumers spilled 188 bytes; at 40 its producer spills 16 bytes, causal only).
+# TMA with two consumers: 24 / 240, FlashAttention-3's split (one thread issues the loads):
+# with it d = 256 at 80-key stages and every schedule compile without spills (at 40 / 232 bf16
+# overlap spilled 72-640 bytes), and the default configurations measured 0.3% faster
+# (2026-12-01, one pass of each build).
+REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
              ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SMEM_BYTES = 227 * 1024  # the most shared memory a CTA may have on sm_90
 SCHEDULES = ("serial", "overlap", "pingpong")
-# (block_m, block_n) per (head_dim, causal). d = 256: 64-key stages (shared memory: Q 64 KiB
-# + 2 x (K + V) 128 KiB; registers: a 64 x 256 fp32 O per warpgroup). d = 64 keeps two
+# (block_m, block_n) per (head_dim, causal). d = 256: 80-key stages non-causal, 64 causal, as
+# FlashAttention-3 (shared memory: Q 64 KiB + 2 x (K + V) 160 or 128 KiB; registers: a
+# 64 x 256 fp32 O per warpgroup); measured 2026-12-01 (one pass, both dtypes, s = 1k / 4k /
+# 16k): non-causal 80-key overlap 0.86-0.97x cuDNN against 0.81-0.95x for 64-key serial, ahead
+# in all 6 cells; causal 80 keys 0.95-1.03x against 0.94-1.05x, ahead in 2 of 6. d = 64 keeps two
 # consumer warpgroups: FlashAttention-3's 192-row tile (three, at 160 registers each, which
 # forces 96-key stages here: at 128 ptxas spills) measured slower on the H200 (2026-11-30,
 # two interleaved runs of the grid against the two-warpgroup build: geomean vs cuDNN 0.85
 # against 0.88 non-causal, 0.62 against 0.85 causal); it stays selectable (block_m=192).
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
-          (128, True): (128, 128), (256, False): (128, 64), (256, True): (128, 64)}
+          (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 64)}
 # Q buffers per (head_dim, causal), 1 where not named. Measured (attention_two_q.json, one
 # pass, both dtypes, interleaved per cell): d = 64 non-causal (which keeps its 3 K/V stages)
 # 1.007-1.051x with two in 11 of 12 cells (0.984 in the other); d = 64 causal 0.98-1.07
@@ -118,14 +125,20 @@ Q_STAGES = {(64, False): 2}
 #             serial 1.003, overlap 0.989, pingpong 0.982 (causal)
 # At d = 64 the dtypes part: bf16 serial beats overlap by 4-21% in every cell (pingpong by
 # 4-13%), fp16 serial loses by 3-6% non-causal and 1-3% causal (the same source, a different
-# ptxas allocation: bf16 needs more registers), so d = 64 picks per dtype. Single cells move by
+# ptxas allocation: bf16 needs more registers), so d = 64 picked per dtype. Single cells move by
 # up to ~5% between runs: re-measure after any change to the consumer.
+# Re-measured 2026-12-01 after the softmax's tree reductions, P converted at the top of the next
+# iteration (one loop shape for both dtypes) and 24 / 240 registers (one pass, s = 1k / 4k /
+# 16k, both dtypes, ratios to cuDNN): d = 64 overlap 0.92-1.03 in both dtypes, ahead of serial
+# in 11 of 12 cells (serial, bf16's old choice, lost most with the trees: 0.86-0.93) and of
+# pingpong in 8; d = 256 non-causal overlap at 80-key stages (BLOCKS) 0.86-0.97 against serial
+# at 64 keys 0.81-0.95.
 BEST_SCHEDULE = {
-    (64, False, "float16"): "overlap", (64, False, "bfloat16"): "serial",
-    (64, True, "float16"): "pingpong", (64, True, "bfloat16"): "serial",
+    (64, False, "float16"): "overlap", (64, False, "bfloat16"): "overlap",
+    (64, True, "float16"): "overlap", (64, True, "bfloat16"): "overlap",
     (128, False, "float16"): "overlap", (128, False, "bfloat16"): "overlap",
     (128, True, "float16"): "overlap", (128, True, "bfloat16"): "overlap",
-    (256, False, "float16"): "serial", (256, False, "bfloat16"): "serial",
+    (256, False, "float16"): "overlap", (256, False, "bfloat16"): "overlap",
     (256, True, "float16"): "serial", (256, True, "bfloat16"): "serial",
 }
 DTYPES = ("float16", "bfloat16")
@@ -685,12 +698,16 @@ class FlashAttentionSm90:
                         self._release_q_after(0, n_blocks, q_empty + q_stage)
                         self._mask(acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
                         self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         read.advance()
                         for j in cutlass.range(1, n_blocks, unroll=1):
                             self.loader.consumer_wait(pipe_k, read)
                             if cutlass.const_expr(cfg.pingpong):
                                 self._turn(pass_on=False)
+                            # P_{j-1} from S_{j-1}, just before S_j overwrites it (here, not
+                            # after the softmax: left to itself the compiler sank it here for
+                            # bf16 but not for fp16, two loop shapes for one source; this
+                            # placement measured 1% faster at d = 128 in both dtypes)
+                            tOrP_as_s.store(acc_s.load().to(mO.element_type))
                             # S_j, while O takes j-1's rescale
                             self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                             self._rescale(acc_o, correction)
@@ -706,8 +723,8 @@ class FlashAttentionSm90:
                             warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
                             self.loader.consumer_release(pipe_v, release)
                             release.advance()
-                            tOrP_as_s.store(acc_s.load().to(mO.element_type))
                             read.advance()
+                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         self._rescale(acc_o, correction)
                         self.loader.consumer_wait(pipe_v, release)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
