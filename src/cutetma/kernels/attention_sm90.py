@@ -97,7 +97,8 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 # FlashAttention-3 (shared memory: Q 64 KiB + 2 x (K + V) 160 or 128 KiB; registers: a
 # 64 x 256 fp32 O per warpgroup); measured 2026-12-01 (one pass, both dtypes, s = 1k / 4k /
 # 16k): non-causal 80-key overlap 0.86-0.97x cuDNN against 0.81-0.95x for 64-key serial, ahead
-# in all 6 cells; causal 80 keys 0.95-1.03x against 0.94-1.05x, ahead in 2 of 6. d = 64 keeps two
+# in all 6 cells; causal: 80-key overlap 0.95-0.99x against serial 64's 0.94-1.05x (ahead in 2
+# of 6), 80-key pingpong 0.99-1.02x (ahead in 3 of 6): not enough to move. d = 64 keeps two
 # consumer warpgroups: FlashAttention-3's 192-row tile (three, at 160 registers each, which
 # forces 96-key stages here: at 128 ptxas spills) measured slower on the H200 (2026-11-30,
 # two interleaved runs of the grid against the two-warpgroup build: geomean vs cuDNN 0.85
@@ -130,8 +131,8 @@ Q_STAGES = {(64, False): 2}
 # Re-measured 2026-12-01 after the softmax's tree reductions, P converted at the top of the next
 # iteration (one loop shape for both dtypes) and 24 / 240 registers (one pass, s = 1k / 4k /
 # 16k, both dtypes, ratios to cuDNN): d = 64 overlap 0.92-1.03 in both dtypes, ahead of serial
-# in 11 of 12 cells (serial, bf16's old choice, lost most with the trees: 0.86-0.93) and of
-# pingpong in 8; d = 256 non-causal overlap at 80-key stages (BLOCKS) 0.86-0.97 against serial
+# in 12 of 12 cells (serial, bf16's old choice, lost most with the trees: 0.83-0.93) and of
+# pingpong in 7 (every causal one); d = 256 non-causal overlap at 80-key stages (BLOCKS) 0.86-0.97 against serial
 # at 64 keys 0.81-0.95. Then d = 64 non-causal, pingpong against overlap, two passes (calls 1 and
 # 3 of that session): pingpong ahead in 11 of 12 cells (by 0-6%), overlap ahead causal in 12 of
 # 12 (by 1-6%).
