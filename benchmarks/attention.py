@@ -119,7 +119,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=()) ->
         if isinstance(config, str):
             config = dict(schedule=config)
         if config is not None:
-            config = {k: v for k, v in config.items() if k != "load"}
+            config = {key: value for key, value in config.items() if key != "load"}
 
         def ours(mechanism=mechanism, config=config):
             if config is None:

@@ -133,11 +133,11 @@ Each schedule adds one step to the one before it, so the three form an ablation 
   as S_j is in, before the softmax, so the producer can keep loading ahead.
 
 "pingpong" is FA3's inter-warpgroup schedule. The default for each (d, causal, dtype) is
-``BEST_SCHEDULE``, chosen from a measured ablation. For this build (TMA, persistent, the
-16-byte-store epilogue; the geometric mean over the six sequence lengths, relative to serial;
-the run of 21:12 UTC, 2026-11-30, in ``attention_schedules.json``):
+``BEST_SCHEDULE``, chosen from measured ablations. The first, for the build of 2026-11-30
+(TMA, persistent, the 16-byte-store epilogue; the geometric mean over the six sequence
+lengths, relative to serial; ``attention_schedules.json``):
 
-    d    mask         dtype   overlap  pingpong  default
+    d    mask         dtype   overlap  pingpong  default then
     64   non-causal   fp16     1.05      1.04    overlap
     64   non-causal   bf16     0.93      0.93    serial
     64   causal       fp16     1.01      1.02    pingpong
@@ -147,12 +147,26 @@ the run of 21:12 UTC, 2026-11-30, in ``attention_schedules.json``):
     256  non-causal   both     0.95-0.97 0.95-0.98  serial
     256  causal       both     0.97-1.00 0.97-0.99  serial
 
+Then the consumer itself changed (2026-12-01, ``attention_ab_builds.json``: each build timed
+against cuDNN in the same cells, one device call per ladder), and the ranking with it:
+
+* The softmax's row max and row sum became balanced trees (``pairwise``): the same 31
+  instructions per row, 5 deep instead of a 32-long chain (ptxas does not reassociate
+  them). d = 128 gained about 1%. But serial, bf16's d = 64 choice, lost 12% in all six
+  cells, while overlap gained: d = 64 now runs overlap causal and pingpong non-causal (ahead
+  of overlap in 11 of 12 cells over two passes), in both dtypes.
+* P is converted at the top of the next iteration, just before S_j overwrites S_{j-1}.
+  Left to itself the compiler did that for bf16 only, so fp16 and bf16 ran differently
+  shaped loops from one source; now their PTX differs only in ``selp`` types.
+* The TMA producer keeps 24 registers and each consumer gets 240 (FA3's split; the
+  producer's one thread only issues copies). That made d = 256 with FA3's 80-key stages and
+  overlap compile without spills, and it beat 64-key serial in all six non-causal cells
+  (0.86-0.97x of cuDNN against 0.81-0.95x): d = 256 non-causal now runs that, causal stays
+  64-key serial.
+* FA3's 176-key stages at d = 128 compile too now, and lose (0.80-0.92x of cuDNN).
+
 * d = 128 gains the most from overlap. Causal pingpong is level with it (ahead at short s,
   behind at 16k), so the default stays overlap.
-* d = 64 parts by dtype: the same source, but bf16's overlap and pingpong lose to serial by
-  4-21% in every cell, while fp16's win by a few percent. bf16 needs more registers than
-  fp16 (ptxas), and d = 64 is where the softmax is largest next to the GEMMs.
-* d = 256 stays serial: overlap and pingpong are 0-5% slower.
 * Pingpong's turn runs on from one tile to the next. It used to be handed over at the next
   tile's start, which left the tensor cores idle for an epilogue per tile; fixing that moved
   pingpong up by about 1% (it had been 5% behind overlap at d = 128).
@@ -193,43 +207,48 @@ rings) with ``cp.async.mbarrier.arrive.noinc`` when their copies land, so a barr
 the async one. TMA zero-fills key rows past s_k. The cp.async producer writes zeros into V's
 rows there, and K's rows there are masked to -inf anyway.
 
-Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-11-30,
-``python benchmarks/attention.py``, 21:19 UTC, after the GPU tests passed on the same build).
-Section 6 of this script prints this from the JSON:
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-12-01,
+``python benchmarks/attention.py``, 00:57 UTC, after the 59 GPU tests passed on the same build).
+Section 6 of this script prints this from the JSON. (In this run d = 64 non-causal still ran
+overlap; pingpong, starred here, became its default after a second pass, and
+``attention_final.json`` times it: geomean 0.987 over the grid, d = 64 non-causal 0.95 ->
+0.97.)
 
-    == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-11-30)
+    == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-12-01)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)
     dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
-    float16   64  16384  non-causal    496    305    452       435       0.91
-    float16  128    512  non-causal    521    300    511       479       0.98
-    float16  128   8192  non-causal    652    335    635       568       0.97
-    float16  128   8192  causal        599    284    613       543       1.02
-    float16  256  16384  causal        643    280    604       560       0.94
-    bfloat16 128  16384  causal        641    306    669       571       1.04
-    over all 72 cells: tma/cudnn geomean 0.981 (0.843 to 1.071)
-    geomean by s: 512 0.98, 1024 0.99, 2048 1.00, 4096 0.98, 8192 0.99, 16384 0.95
-    d = 128, s >= 2k: 0.907 to 1.071, at or above cuDNN in 11 of 16 cells
-    peak: 705 TFLOP/s (bfloat16, d = 128, non-causal, s = 8192)
-    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.118x
+    float16   64  16384  non-causal    472    306    449       429       0.95
+    float16  128    512  non-causal    512    303    515       477       1.01
+    float16  128   8192  non-causal    648    302    677       580       1.04
+    float16  128   8192  causal        596    288    651       529       1.09
+    float16  256  16384  causal        643    285    611       576       0.95
+    bfloat16 128  16384  causal        635    304    688       543       1.08
+    over all 72 cells: tma/cudnn geomean 0.992 (0.881 to 1.096)
+    geomean by s: 512 0.97, 1024 1.00, 2048 1.00, 4096 1.00, 8192 0.99, 16384 0.99
+    d = 128, s >= 2k: 0.981 to 1.096, at or above cuDNN in 14 of 16 cells
+    peak: 701 TFLOP/s (bfloat16, d = 128, non-causal, s = 8192)
+    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.104x
     ablation, fp16 TMA: serial / overlap / pingpong, persistent (default *) | one CTA per tile
-      d= 64 s= 8192 non-causal  420  /  438* /  427  |  453
-      d= 64 s= 8192 causal      402  /  411  /  417* |  400
-      d=128 s= 8192 non-causal  544  /  626* /  624  |  599
-      d=128 s= 8192 causal      528  /  603* /  594  |  436
-      d=256 s= 8192 non-causal  613* /  613  /  610  |  609
-      d=256 s=16384 causal      597* /  609  /  588  |  611
-    the default over serial / overlap / pingpong, median over fp16 cells: 1.064 / 1.023 / 1.024
-    the persistent grid over one CTA per tile, median over all 72 cells: 1.131x (slower in 4)
-    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 1.01x to 1.70x
-    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.96x to 1.08x
-    the tma column re-times the default kernel: 0.985x to 1.105x its ablation timing (median 1.013)
+      d= 64 s= 8192 non-causal  419  /  459  /  471* |  443
+      d= 64 s= 8192 causal      389  /  454* /  418  |  416
+      d=128 s= 8192 non-causal  525  /  654* /  615  |  622
+      d=128 s= 8192 causal      527  /  642* /  602  |  570
+      d=256 s= 8192 non-causal  624  /  650* /  616  |  622
+      d=256 s=16384 causal      599* /  589  /  593  |  590
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.088 / 1.012 / 1.037
+    the persistent grid over one CTA per tile, median over all 72 cells: 1.136x (slower in 2)
+    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 1.00x to 1.80x
+    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.97x to 1.13x
+    the tma column re-times the default kernel: 0.941x to 1.096x its ablation timing (median 1.008)
 
-Over the 72 cells the TMA kernel reaches a geomean 0.981 of cuDNN (0.926 before the
-epilogue below). By sequence length it is 0.98 (512), 0.99 (1k), 1.00 (2k), 0.98 (4k),
-0.99 (8k) and 0.95 (16k); by head dim 0.96 (64), 1.01 (128) and 0.97 (256). At d = 128 and
-s >= 2k it runs at 0.907-1.071 of cuDNN and is at or above it in 11 of 16 cells: every
-causal cell and bf16 non-causal from 2k to 8k; fp16 non-causal stays below (0.91-0.98), as
-does bf16 non-causal at 16k (0.96). The peak is 705 TFLOP/s.
+Over the 72 cells the TMA kernel reaches a geomean 0.992 of cuDNN (0.981 before the changes
+to the consumer above, 0.926 before the epilogue below; a repeat of this build: 0.993). By
+sequence length it is 0.97 (512), 1.00 (1k), 1.00 (2k), 1.00 (4k), 0.99 (8k) and 0.99 (16k);
+by head dim 0.97 (64), 1.04 (128) and 0.97 (256). At d = 128 and s >= 2k it runs at
+0.981-1.096 of cuDNN and is at or above it in 14 of 16 cells (13 in the repeat): every causal
+cell and most non-causal ones; fp16 non-causal 2k (0.999) and bf16 non-causal 16k (0.98)
+stay below. The peak is 701 TFLOP/s (711 in the repeat). d = 256 non-causal at long
+sequences is the weakest corner (0.88-0.94), where cuDNN reaches 700-755 TFLOP/s.
 
 What closed most of the gap at short sequences was the epilogue. Nsight Compute's source
 counters (``attention_sass.json``, d = 128, s = 512) put a quarter of the consumers' stall
@@ -591,8 +610,9 @@ def main() -> int:
           f"d = 128), so K_j is freed once S_j is computed. Two consumer warpgroups keep P in "
           f"registers, and FA3's overlaps are schedules ({w['serial']} wgmma serial, "
           f"{w['overlap']} overlapped). A persistent grid of at most one CTA per SM walks the "
-          f"work items round robin. The epilogue uses plain 4-byte stores "
-          f"({ptx['tma_store']} TMA stores, {ptx['multicast']} multicasts). The online softmax "
+          f"work items round robin. O leaves by 16-byte stores from registers after a quad "
+          f"transpose ({ptx['tma_store']} TMA stores, {ptx['multicast']} multicasts). The "
+          f"online softmax "
           f"is exact up to rounding: {err:.1e} from the full softmax, {err_causal:.1e} in the "
           f"kernel's causal order (float64). {result}")
     return 0 if max(err, err_causal) < 1e-10 else 1

@@ -132,10 +132,10 @@ Q_STAGES = {(64, False): 2}
 # iteration (one loop shape for both dtypes) and 24 / 240 registers (one pass, s = 1k / 4k /
 # 16k, both dtypes, ratios to cuDNN): d = 64 overlap 0.92-1.03 in both dtypes, ahead of serial
 # in 12 of 12 cells (serial, bf16's old choice, lost most with the trees: 0.83-0.93) and of
-# pingpong in 7 (every causal one); d = 256 non-causal overlap at 80-key stages (BLOCKS) 0.86-0.97 against serial
-# at 64 keys 0.81-0.95. Then d = 64 non-causal, pingpong against overlap, two passes (calls 1 and
-# 3 of that session): pingpong ahead in 11 of 12 cells (by 0-6%), overlap ahead causal in 12 of
-# 12 (by 1-6%).
+# pingpong in 7 (every causal one); d = 256 non-causal overlap at 80-key stages (BLOCKS)
+# 0.86-0.97 against serial at 64 keys 0.81-0.95. Then d = 64 non-causal, pingpong against
+# overlap, two passes (calls 1 and 3 of that session): pingpong ahead in 11 of 12 cells (by
+# 0-6%), overlap ahead causal in 12 of 12 (by 1-6%).
 BEST_SCHEDULE = {
     (64, False, "float16"): "pingpong", (64, False, "bfloat16"): "pingpong",
     (64, True, "float16"): "overlap", (64, True, "bfloat16"): "overlap",
