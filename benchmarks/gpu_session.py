@@ -8,6 +8,17 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 8's calls: an A/B of several builds in one call, each build a snapshot of ``src/``
+(``git archive REV src``) carried beside ``.gpu`` as ``.snapA``, ``.snapB``, ...; the same
+benchmark script runs from each (``cd .snapX && PYTHONPATH=$PWD/src:$PYTHONPATH``), and
+every cell is a ratio to cuDNN timed beside it::
+
+    python benchmarks/attention.py --variants tma --seqlens 1024 4096 16384 --out /tmp/r/X
+    python benchmarks/attention.py --head-dims 256 --variants tma tma_overlap \
+        --custom n80o=block_n:80,schedule:overlap --out /tmp/r/d256   # candidate configs
+    python -m pytest -q -m gpu tests/test_attention_gpu.py        # 59 tests, about 2.3 min
+    python benchmarks/attention.py --out /tmp/r/grid             # the full grid, 141 s
+
 Session 7's GEMM calls (snapshot of the working tree carried with ``.gpu``; one tarball)::
 
     source .gpu/prelude.sh && python -m pytest -q -m gpu tests/test_gemm_gpu.py  # 67, ~3 min
