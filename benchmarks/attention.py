@@ -16,7 +16,10 @@ intra-warpgroup overlap and pingpong, from which those defaults were chosen, and
 and with the other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``); and every
 row the default with one CTA per tile instead of the persistent grid
 (``tma_one_cta_per_tile``). ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128``
-times only those columns (both dtypes) and cuDNN: an A/B in a few minutes.
+times only those columns (both dtypes) and cuDNN: an A/B in a few minutes; ``tma_cluster2``
+(K/V multicast to a cluster of 2, non-causal) is such an on-request column. ``--custom
+NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlens`` and
+``--masks`` narrow the grid.
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
 
@@ -80,10 +83,15 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
     if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
         every += [("tma_two_kv_stages", "tma", dict(stages=2))]
     every += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
+    if not causal:  # K/V multicast to a cluster of 2 (FA3's, d >= 128 non-causal there)
+        every += [("tma_cluster2", "tma", dict(cluster=2))]
     extra = [(name, config.get("load", "tma"), config) for name, config in custom]
     if chosen is not None or extra:
         return [v for v in every if v[0] in (chosen or ())] + extra
-    return [v for v in every if v[0] not in ("tma_two_q", "tma_two_kv_stages") and (
+    # tma_cluster2 only on request until its GPU tests have passed (written 2026-12-01
+    # without a GPU; a hang would take the whole grid with it)
+    on_request = ("tma_two_q", "tma_two_kv_stages", "tma_cluster2")
+    return [v for v in every if v[0] not in on_request and (
         dtype == "float16" or v[0] in ("tma", "cp_async", "tma_one_cta_per_tile"))]
 
 
@@ -156,7 +164,8 @@ def summarize(rows) -> dict:
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
     for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_alt_blocks",
-                     "tma_other_q", "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile"):
+                     "tma_other_q", "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile",
+                     "tma_cluster2"):
         gains = [r["tma"] / r[ablation] for r in rows if r.get("tma") and r.get(ablation)]
         if gains:
             s[f"median_default_over_{ablation.removeprefix('tma_')}"] = statistics.median(gains)

@@ -77,6 +77,24 @@ def test_grid(load, dtype, head_dim, causal):
         check(q, k, v, causal, load)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cluster_multicast(dtype, head_dim):
+    """cluster=2, K/V multicast to the two CTAs of a cluster: odd numbers of query blocks (the
+    second CTA's block lies past the end: zero Q, nothing stored), s_q != s_k, GQA / MQA, and
+    a grid where every cluster walks many items (the two rings must stay in step)."""
+    import torch
+
+    t = getattr(torch, dtype)
+    shapes = [(2, 1, 1, 4, 4), (2, 113, 203, 4, 2), (2, 203, 113, 4, 1), (2, 1023, 1024, 4, 4),
+              (3, 4224, 4224, 16, 4)]
+    for b, s_q, s_k, h, h_kv in shapes:
+        q = torch.randn(b, s_q, h, head_dim, device="cuda", dtype=t)
+        k = torch.randn(b, s_k, h_kv, head_dim, device="cuda", dtype=t)
+        v = torch.randn(b, s_k, h_kv, head_dim, device="cuda", dtype=t)
+        check(q, k, v, False, cluster=2)
+
+
 @pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_mqa(heads, causal):

@@ -134,6 +134,9 @@ def test_default_schedule_is_the_measured_best():
     (dict(head_dim=128, block_m=192), "only for head_dim 64"),
     (dict(head_dim=256, block_n=80, stages=3), "stages=3: 2 .. 2"),
     (dict(q_stages=3), "q_stages"), (dict(dtype="float32"), "dtype"),
+    (dict(cluster=4), "cluster=4: 1 or 2"), (dict(cluster=2, causal=True), "causal=False"),
+    (dict(cluster=2, load="cp_async"), "cp.async cannot multicast"),
+    (dict(cluster=2, persistent=False), "persistent=True"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -339,6 +342,15 @@ def test_benchmark_columns():
     assert other == {"q_stages": 1}  # d = 64 non-causal has two by default
     assert names("bfloat16", 128, True, ["tma", "tma_two_kv_stages"]) == [
         "tma", "tma_two_kv_stages"]
+    # K/V multicast: on request only (not yet run on a GPU), and never causal
+    assert "tma_cluster2" not in full
+    assert names("float16", 256, False, ["tma_cluster2"]) == ["tma_cluster2"]
+    assert names("float16", 256, True, ["tma_cluster2"]) == []
+    # --custom: any AttentionConfig fields as a column of its own, beside the chosen ones
+    custom = bench.parse_custom("n80o=block_n:80,schedule:overlap")
+    assert custom == ("n80o", {"block_n": 80, "schedule": "overlap"})
+    assert bench.variants("float16", 256, False, ["tma"], [custom]) == [
+        ("tma", "tma", None), ("n80o", "tma", {"block_n": 80, "schedule": "overlap"})]
 
 
 def _walk(cfg, seqlen_q, heads, batch, grid):
@@ -452,3 +464,57 @@ def test_both_dtypes_compile_to_one_loop_shape():
     assert len(fp16) == len(bf16)
     differ = {(a, b) for a, b in zip(fp16, bf16, strict=True) if a != b.replace("bf16", "f16")}
     assert differ <= {("selp.b32", "selp.f32")}, differ
+
+
+@pytest.mark.parametrize("m_blocks", [1, 2, 5, 33])
+def test_cluster_items_pair_neighbouring_query_blocks(m_blocks):
+    """cluster=2: an item is query blocks 2 i (rank 0) and 2 i + 1 (rank 1) of one head, so
+    the two CTAs read the same K / V blocks; every tile once, and with an odd number of blocks
+    rank 1's last block of each head lies past the end (computed on zeros, never stored)."""
+    from cutetma import dsl
+    from cutetma.kernels.attention_sm90 import FlashAttentionSm90 as F
+
+    att = F(AttentionConfig(head_dim=128, cluster=2))
+    heads, batch = 3, 2
+    seqlen_q = m_blocks * 128 - 5
+
+    def walk():
+        items = F._work_items.__wrapped__(att, seqlen_q, heads, batch)
+        return [[F._tile_coords.__wrapped__(att, item, 0, seqlen_q, heads, rank)
+                 for item in range(items)] for rank in (0, 1)]
+
+    first, second = dsl.on_host(walk)
+    for (m0, h0, b0), (m1, h1, b1) in zip(first, second, strict=True):
+        assert (m1, h1, b1) == (m0 + 1, h0, b0) and m0 % 2 == 0
+    every = sorted(t for t in first + second if t[0] < m_blocks)
+    assert every == sorted((m, h, b) for m in range(m_blocks) for h in range(heads)
+                           for b in range(batch))
+    past = [t for t in second if t[0] >= m_blocks]
+    assert len(past) == (m_blocks % 2) * heads * batch and all(m == m_blocks for m, _, _ in past)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_cluster_multicasts_k_and_v_only(head_dim):
+    """cluster=2: K and V go out as multicast bulk copies (each CTA its half of the box), Q
+    stays a plain bulk copy, the consumers release stages in the other CTA too (remote
+    mbarrier arrives), and ptxas keeps the WGMMAs asynchronous without spills."""
+    plain = kernels.compile_attention(AttentionConfig(head_dim=head_dim), "Float16", True).ptx
+    cfg = AttentionConfig(head_dim=head_dim, cluster=2)
+    ptx = kernels.compile_attention(cfg, "Float16", True).ptx
+    def loads(text):  # TMA loads, into this CTA's (shared::cta) or the cluster's memory
+        return len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global", text))
+
+    bulk = loads(ptx)
+    multicast = ptx.count(".multicast::cluster")
+    assert "multicast::cluster" not in plain
+    # the same copies as without a cluster (box halves are still one copy per swizzle span);
+    # all but Q's are multicast
+    assert bulk == loads(plain)
+    q_copies = head_dim // 64  # one per 64-column (128-byte) span of Q's box
+    assert multicast == bulk - q_copies
+    assert re.search(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx) or (
+        "mapa" in ptx), "no remote release of a stage"
+    if shutil.which("ptxas"):
+        log = kernels.ptxas_log(ptx)
+        assert "C7512" not in log
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log

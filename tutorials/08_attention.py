@@ -192,8 +192,11 @@ kernel timed twice differs by up to 9% (the last line of section 6).
 * a dynamic tile scheduler: FA3's persistent CTAs can take their next tile from an atomic
   counter, while this kernel's round robin is static, fixed at launch;
 * a TMA-store epilogue (this one stores 16 bytes per thread from registers, above);
-* cluster multicast of K/V: FA3 can pair CTAs of neighbouring query blocks in a cluster and
-  multicast each K/V block to both (06);
+* measured cluster multicast of K/V: FA3 pairs CTAs of neighbouring query blocks in a
+  cluster and multicasts each K/V block to both (06). ``cluster=2`` does that here too
+  (non-causal, opt-in: each CTA loads half of every K and V box and multicasts it, and each
+  consumer warp releases the stage in both CTAs), but it was written without a GPU and has
+  not yet run;
 * FP8;
 * paged and variable-length KV;
 * the backward pass.

@@ -310,15 +310,17 @@ def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
 
 
-def _max_active_clusters(cfg) -> int:
+def _max_active_clusters(cluster_size: int) -> int:
+    """Clusters of this many CTAs (one per SM) the card runs at once: a persistent grid's
+    size. Not simply SMs / size: a cluster's CTAs must share a GPC."""
     from cutetma import dsl
 
     dsl.cutlass()
     import cutlass.utils as utils
 
-    key = ("max_active_clusters", cfg.cluster_m * cfg.cluster_n)
+    key = ("max_active_clusters", cluster_size)
     if key not in _COMPILED:
-        _COMPILED[key] = utils.HardwareInfo().get_max_active_clusters(cfg.cluster_m * cfg.cluster_n)
+        _COMPILED[key] = utils.HardwareInfo().get_max_active_clusters(cluster_size)
     return _COMPILED[key]
 
 
@@ -401,7 +403,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
-    clusters = _max_active_clusters(cfg)
+    clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n)
     workspace = ()
     tile_elems = cfg.tile_m * cfg.tile_n
     if cfg.stream_k:  # a slot and a ready flag per CTA
@@ -563,7 +565,9 @@ def _run_attention(q, k, v, scale: float, cfg):
     from cutetma import dsl
 
     cutlass, _ = dsl.cutlass()
-    sms = _sm_count(q.device.index)
+    # the persistent grid: one CTA per SM, or as many clusters' CTAs as run at once
+    sms = _sm_count(q.device.index) if cfg.cluster == 1 else (
+        cfg.cluster * _max_active_clusters(cfg.cluster))
     args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale),
             cutlass.Int32(sms), _stream())
     _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)

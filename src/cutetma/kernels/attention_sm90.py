@@ -54,8 +54,14 @@ registers, 64K over 384 or 512 threads, allow no second) walks the work items ro
 (query block, head, batch) tile, or, causal, query blocks M-1-i and i of one head, so every
 item costs the same key blocks (``_tile_coords``). Register pressure is at the edge: check
 ptxas (C7512, spills) after any change to the consumer (tests/test_attention_ptx.py does).
-O leaves by 16-byte stores from registers after a quad transpose (``_epilogue``); not yet here
-(FlashAttention-3 has them): a TMA-store epilogue and cluster multicast of K/V.
+O leaves by 16-byte stores from registers after a quad transpose (``_epilogue``).
+
+``cluster=2`` (non-causal, opt-in): FlashAttention-3's K/V multicast. The two CTAs of a
+cluster take neighbouring query blocks of one head; each loads half of every K and V box and
+multicasts it to both (every full barrier counts the whole box), and each consumer warp
+releases a stage in both CTAs, since both producers write into it. Compiled and checked in the
+PTX; not yet run on a GPU (2026-12-01), so not a default. Not here (FlashAttention-3 has it):
+a TMA-store epilogue.
 """
 
 from __future__ import annotations
@@ -179,6 +185,11 @@ class AttentionConfig:
     # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
     # tile's Q and K/V loads run under this tile's epilogue; False: one CTA per tile
     persistent: bool = True
+    # CTAs per cluster (1 or 2; TMA, non-causal, persistent): with 2, the cluster's CTAs take
+    # query blocks 2i and 2i + 1 of one head, and each loads half of every K and V block and
+    # multicasts it to both, halving the K/V traffic from L2 (FlashAttention-3 does this for
+    # d >= 128 non-causal)
+    cluster: int = 1
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -216,6 +227,12 @@ class AttentionConfig:
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {SMEM_BYTES // 1024} KiB of shared memory)")
+        if self.cluster not in (1, 2):
+            raise ValueError(f"cluster={self.cluster}: 1 or 2")
+        if self.cluster > 1 and (self.load != "tma" or self.causal or not self.persistent):
+            raise ValueError("cluster=2 (K/V multicast) needs load='tma', causal=False and "
+                             "persistent=True: cp.async cannot multicast, and the two CTAs "
+                             "must walk the same key blocks in step")
 
     @property
     def max_stages(self) -> int:
@@ -255,8 +272,9 @@ class FlashAttentionSm90:
                  stream: cuda.CUstream):
         """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
-        ``sm_count``: the persistent grid's size (one CTA per SM: its 384 or 512 threads
-        fill the register file)."""
+        ``sm_count``: how many CTAs run at once, the persistent grid's size (one CTA per SM:
+        its 384 or 512 threads fill the register file; with a cluster, the CTAs of the
+        clusters that fit, ``ops._max_active_clusters``)."""
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
@@ -288,10 +306,11 @@ class FlashAttentionSm90:
                                             cfg.stages)
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)),
                                       (cfg.block_m, cfg.head_dim))
+        # K and V: with a cluster each CTA loads 1 / cluster of the box and multicasts it
         tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)),
-                                      (cfg.block_n, cfg.head_dim))
+                                      (cfg.block_n, cfg.head_dim), cfg.cluster)
         tma_v, mV_tma = tma.load_atom(mVt, cute.slice_(sV_layout, (None, None, 0)),
-                                      (cfg.head_dim, cfg.block_n))
+                                      (cfg.head_dim, cfg.block_n), cfg.cluster)
 
         @cute.struct
         class Storage:
@@ -305,12 +324,14 @@ class FlashAttentionSm90:
 
         self.storage = Storage
         items = self._work_items(mQ.shape[0], mQ.shape[2], mQ.shape[3])
-        grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
-                1, 1)
+        # a cluster shares each item: items for at most sm_count // cluster clusters
+        workers = cutlass.min(items, sm_count // cfg.cluster)
+        grid = (cfg.cluster * workers if cutlass.const_expr(cfg.persistent) else items, 1, 1)
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
                     pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
                     softmax_scale * LOG2_E).launch(
-            grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+            grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster, 1, 1),
+            min_blocks_per_mp=1, stream=stream)
 
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
@@ -361,18 +382,25 @@ class FlashAttentionSm90:
         # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
         # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
         # even when an overlapped iteration holds V_{j-1} and K_j at once
+        # With a cluster, a stage is written by both CTAs' producers (each its half, into both
+        # CTAs), so each CTA's empty barrier counts the consumer warps of both, and a consumer
+        # releases a stage in both CTAs (PipelineTmaAsync signals the cluster's other CTA)
+        cta_layout = cute.make_layout((1, cfg.cluster, 1, 1))
         pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
-                                           WARPGROUP, 4 * cfg.consumers, k_bytes)
+                                           WARPGROUP, 4 * cfg.consumers, k_bytes, cta_layout,
+                                           cfg.cluster)
         pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
-                                           WARPGROUP, 4 * cfg.consumers, v_bytes)
+                                           WARPGROUP, 4 * cfg.consumers, v_bytes, cta_layout,
+                                           cfg.cluster)
         if warp == 0:
             with cute.arch.elect_one():
                 for i in cutlass.range_constexpr(cfg.q_stages):
                     cute.arch.mbarrier_init(q_full + i, self.loader.barrier_count(WARPGROUP))
                     # every consumer thread arrives
                     cute.arch.mbarrier_init(q_empty + i, cfg.consumers * WARPGROUP)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        # the barriers must be initialized in both CTAs before either multicasts into them
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(cfg.cluster, 1), is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(cfg.cluster, 1))
 
         seqlen_q, heads = mO.shape[0], mO.shape[2]
         items = self._work_items(seqlen_q, heads, mO.shape[3])
@@ -399,12 +427,22 @@ class FlashAttentionSm90:
 
     @cute.jit
     def _work_items(self, seqlen_q, heads, batch):
-        """How many work items the CTAs share (a CTA takes ``blockIdx, blockIdx + gridDim,
-        ...``): every (query block, head, batch) tile, or (``_paired``) every pair of them."""
+        """How many work items the workers share (``_worker``): every (query block, head,
+        batch) tile, or (``_paired``) every pair of them, or (a cluster of 2) every pair of
+        neighbouring query blocks, one per CTA."""
         m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
-        if cutlass.const_expr(self._paired):
+        if cutlass.const_expr(self._paired or self.cfg.cluster > 1):
             m_blocks = (m_blocks + 1) // 2
         return m_blocks * heads * batch
+
+    @cute.jit
+    def _worker(self):
+        """(this worker, workers): a worker is a CTA, or a cluster, which takes items ``w,
+        w + workers, ...``."""
+        if cutlass.const_expr(self.cfg.cluster == 1):
+            return cute.arch.block_idx()[0], cute.arch.grid_dim()[0]
+        return (cute.arch.block_idx()[0] // self.cfg.cluster,
+                cute.arch.grid_dim()[0] // self.cfg.cluster)
 
     @cute.jit
     def _my_item_count(self, items):
@@ -414,7 +452,8 @@ class FlashAttentionSm90:
         registers it needs to keep the WGMMAs asynchronous for bf16, d = 128, C7512)."""
         if cutlass.const_expr(not self.cfg.persistent):
             return 1
-        return cute.ceil_div(items - cute.arch.block_idx()[0], cute.arch.grid_dim()[0])
+        worker, workers = self._worker()
+        return cute.ceil_div(items - worker, workers)
 
     @cute.jit
     def _item_tiles(self, item, seqlen_q):
@@ -427,7 +466,14 @@ class FlashAttentionSm90:
         return 1 + cutlass.min(m_blocks - 1 - 2 * i, 1)  # M-1-i > i, else the lone middle
 
     @cute.jit
-    def _tile_coords(self, item, half, seqlen_q, heads):
+    def _cta_rank(self):
+        """This CTA's rank in its cluster (0 without one)."""
+        if cutlass.const_expr(self.cfg.cluster == 1):
+            return 0
+        return cute.arch.block_idx_in_cluster()
+
+    @cute.jit
+    def _tile_coords(self, item, half, seqlen_q, heads, rank=0):
         """Tile ``half`` (0 or 1) of work item ``item`` as (m_block, head, batch).
 
         Query blocks are numbered fastest, so the CTAs in flight share one head's K/V in L2.
@@ -437,7 +483,9 @@ class FlashAttentionSm90:
         that (numbered per head, one CTA got the long blocks of every head it visited, the
         next the short ones: 1.45x slower at 16k tokens, H200), so an item pairs query blocks
         M-1-i and i of one head; each pair costs the same M+1 key-block rows, and every CTA
-        gets the same work up to one item."""
+        gets the same work up to one item. A cluster of 2 (``rank``: the CTA's in it): an
+        item is blocks 2 i and 2 i + 1 of one head, one per CTA, which share every K / V
+        block."""
         m_blocks = cute.ceil_div(seqlen_q, self.cfg.block_m)
         m_block = item % m_blocks
         head_batch = item // m_blocks
@@ -445,6 +493,13 @@ class FlashAttentionSm90:
             pairs = (m_blocks + 1) // 2
             i = item % pairs
             m_block = m_blocks - 1 - i - half * (m_blocks - 1 - 2 * i)  # half 1: block i
+            head_batch = item // pairs
+        elif cutlass.const_expr(self.cfg.cluster > 1):
+            # CTA r of the cluster: block 2 i + r (past the end when m_blocks is odd: that
+            # CTA computes on TMA's zero-filled Q rows, stores nothing, and keeps the cluster's
+            # K/V ring in step)
+            pairs = (m_blocks + 1) // 2
+            m_block = 2 * (item % pairs) + rank
             head_batch = item // pairs
         elif cutlass.const_expr(self.cfg.causal):
             m_block = m_blocks - 1 - m_block
@@ -467,6 +522,7 @@ class FlashAttentionSm90:
         """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
         (the ring runs on across tiles), in ``_produce_tile``'s order."""
         cfg = self.cfg
+        rank = self._cta_rank()
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
@@ -478,8 +534,9 @@ class FlashAttentionSm90:
             gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
                                  (0, None))
             _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
-            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
-            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+            # this CTA's share of each K / V box: all of it, or its half, multicast to both
+            tKsK, tKgK = tma.partition(tma_k, sK, gK, rank, cfg.cluster, box_rank=2)
+            tVsV, tVgV = tma.partition(tma_v, sV, gV, rank, cfg.cluster, box_rank=2)
 
             def load_q(q_stage):
                 with cute.arch.elect_one():
@@ -487,17 +544,27 @@ class FlashAttentionSm90:
                 cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
 
             def load_k(j, state):
-                cute.copy(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(state))
+                self._load_kv(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                              pipe_k.producer_get_barrier(state))
 
             def load_v(j, state):
-                cute.copy(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(state))
+                self._load_kv(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                              pipe_v.producer_get_barrier(state))
 
             return load_q, load_k, load_v
 
         self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
                            tile_loaders)
+
+    @cute.jit
+    def _load_kv(self, atom, src, dst, bar):
+        """One K or V box (or this CTA's half of it, multicast to both CTAs of the cluster:
+        every CTA's full barrier then counts the whole box's bytes)."""
+        if cutlass.const_expr(self.cfg.cluster > 1):
+            cute.copy(atom, src, dst, tma_bar_ptr=bar,
+                      mcast_mask=cutlass.Int16((1 << self.cfg.cluster) - 1))
+        else:
+            cute.copy(atom, src, dst, tma_bar_ptr=bar)
 
     @cute.jit
     def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
@@ -543,9 +610,11 @@ class FlashAttentionSm90:
         local = cutlass.Int32(0)  # tiles this CTA has done
         done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
         for k in cutlass.range(self._my_item_count(items), unroll=1):
-            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
+            worker, workers = self._worker()
+            item = worker + k * workers
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
-                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
+                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads,
+                                                         self._cta_rank())
                 load_q, load_k, load_v = tile_loaders(m_block, head, batch)
                 n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
@@ -642,9 +711,11 @@ class FlashAttentionSm90:
         local = cutlass.Int32(0)
         done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
         for k in cutlass.range(self._my_item_count(items), unroll=1):
-            item = cute.arch.block_idx()[0] + k * cute.arch.grid_dim()[0]
+            worker, workers = self._worker()
+            item = worker + k * workers
             for half in cutlass.range(self._item_tiles(item, seqlen_q), unroll=1):
-                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads)
+                m_block, head, batch = self._tile_coords(item, half, seqlen_q, heads,
+                                                         self._cta_rank())
                 n_blocks = self._key_blocks(m_block, seqlen_q, seqlen_k)
                 row0 = m_block * cfg.block_m + row_in_block
                 read = self._ring(done)
