@@ -310,7 +310,7 @@ def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
 
 
-def _max_active_clusters(cluster_size: int) -> int:
+def _max_active_clusters(cluster_size: int, device_index: int | None = None) -> int:
     """Clusters of this many CTAs (one per SM) the card runs at once: a persistent grid's
     size. Not simply SMs / size: a cluster's CTAs must share a GPC."""
     from cutetma import dsl
@@ -318,9 +318,10 @@ def _max_active_clusters(cluster_size: int) -> int:
     dsl.cutlass()
     import cutlass.utils as utils
 
-    key = ("max_active_clusters", cluster_size)
+    device = torch.cuda.current_device() if device_index is None else device_index
+    key = ("max_active_clusters", cluster_size, device)
     if key not in _COMPILED:
-        _COMPILED[key] = utils.HardwareInfo().get_max_active_clusters(cluster_size)
+        _COMPILED[key] = utils.HardwareInfo(device).get_max_active_clusters(cluster_size)
     return _COMPILED[key]
 
 
@@ -403,7 +404,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
-    clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n)
+    clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
     workspace = ()
     tile_elems = cfg.tile_m * cfg.tile_n
     if cfg.stream_k:  # a slot and a ready flag per CTA
@@ -567,7 +568,7 @@ def _run_attention(q, k, v, scale: float, cfg):
     cutlass, _ = dsl.cutlass()
     # the persistent grid: one CTA per SM, or as many clusters' CTAs as run at once
     sms = _sm_count(q.device.index) if cfg.cluster == 1 else (
-        cfg.cluster * _max_active_clusters(cfg.cluster))
+        cfg.cluster * _max_active_clusters(cfg.cluster, q.device.index))
     args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale),
             cutlass.Int32(sms), _stream())
     _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)
