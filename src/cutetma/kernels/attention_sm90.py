@@ -327,11 +327,13 @@ class FlashAttentionSm90:
         # a cluster shares each item: items for at most sm_count // cluster clusters
         workers = cutlass.min(items, sm_count // cfg.cluster)
         grid = (cfg.cluster * workers if cutlass.const_expr(cfg.persistent) else items, 1, 1)
+        # no cluster attribute without a cluster: the launch stays what was measured
+        cluster = dict(cluster=(cfg.cluster, 1, 1)) if cfg.cluster > 1 else {}
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
                     pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
                     softmax_scale * LOG2_E).launch(
-            grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster, 1, 1),
-            min_blocks_per_mp=1, stream=stream)
+            grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream,
+            **cluster)
 
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
