@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,9 @@ def test_tour_renders_figures_and_prints_the_chapter(capsys, tmp_path):
     assert all((tmp_path / name).is_file() for name in FIGURE_NAMES)
     assert "row 7  7  6  5  4  3  2  1  0" in out
     assert "conflict degree 2" in out
+    # the compiled kernels' instructions: attention's cluster multicasts K/V, cp.async none
+    lines = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines()
+                 if line.startswith("attention d=128"))
+    assert "multicast::cluster" in lines["attention d=128 tma cluster 2"]
+    assert "multicast::cluster" not in lines["attention d=128 tma"]
+    assert "cp.async.bulk" not in lines["attention d=128 cp.async"]

@@ -112,9 +112,10 @@ def compile_showcase():
         shown.append((name, ptx_ops(compile_gemm(cfg).ptx)))
     from cutetma.kernels.attention_sm90 import AttentionConfig
 
-    for load in ("tma", "cp_async"):
-        shown.append((f"attention d=128 {load.replace('_', '.')}",
-                      ptx_ops(compile_attention(AttentionConfig(load=load)).ptx)))
+    for name, cfg in (("attention d=128 tma", AttentionConfig()),
+                      ("attention d=128 tma cluster 2", AttentionConfig(cluster=2)),
+                      ("attention d=128 cp.async", AttentionConfig(load="cp_async"))):
+        shown.append((name, ptx_ops(compile_attention(cfg).ptx)))
     return shown
 
 
