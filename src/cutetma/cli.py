@@ -273,7 +273,7 @@ def _tour_compile(args):
     from cutetma import kernels
 
     for name, ptx_ops in kernels.compile_showcase():
-        print(f"{name:<28} {', '.join(ptx_ops)}")
+        print(f"{name:<30}  {', '.join(ptx_ops)}")
 
 
 def _tour_hardware(args):
