@@ -8,6 +8,14 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Next session's first call (the cluster multicast for attention, written without a GPU: its
+tests in a child process with a per-test timeout, as a wrong barrier count hangs; then its
+column beside the default)::
+
+    python benchmarks/gpu_session.py --only tests --pytest \
+        tests/test_attention_gpu.py::test_cluster_multicast --test-timeout 90 --tests-budget 240
+    python benchmarks/attention.py --variants tma tma_cluster2 --masks non-causal --out /tmp/r/c2
+
 Session 8's calls: an A/B of several builds in one call, each build a snapshot of ``src/``
 (``git archive REV src``) carried beside ``.gpu`` as ``.snapA``, ``.snapB``, ...; the same
 benchmark script runs from each (``cd .snapX && PYTHONPATH=$PWD/src:$PYTHONPATH``), and
