@@ -116,7 +116,10 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # 1.007-1.051x with two in 11 of 12 cells (0.984 in the other); d = 64 causal 0.98-1.07
 # (median 0.99); d = 128, which must give up a K/V stage for it, no gain at s <= 1k and
 # 0.95-0.99x at s >= 4k (the lost stage alone costs as much). A second pass with two as the
-# d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024
+# d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024.
+# After session 8's consumer changes (attention.json of 2026-12-01, d = 64 non-causal still on
+# overlap then): 0.957-1.001x, median 0.986, one buffer ahead in 5 of 6 fp16 cells. Kept until
+# measured again with pingpong, its schedule since.
 Q_STAGES = {(64, False): 2}
 # The default schedule per (head_dim, causal, dtype), from the ablation of all three on the
 # H200 (benchmarks/attention.py --variants tma_serial tma_overlap tma_pingpong: both dtypes,
