@@ -266,7 +266,9 @@ class AttentionConfig:
 class FlashAttentionSm90:
     def __init__(self, config: AttentionConfig):
         self.cfg = config
-        self.loader = loaders.make_loader(config.load)
+        # a cluster multicasts K and V: the loader's TMA multicast (each CTA its 1/N slice)
+        self.loader = loaders.make_loader(
+            "tma_multicast" if config.cluster > 1 else config.load, config.cluster)
 
     # ------------------------------------------------------------------------ host
     @cute.jit
@@ -528,6 +530,8 @@ class FlashAttentionSm90:
         (the ring runs on across tiles), in ``_produce_tile``'s order."""
         cfg = self.cfg
         rank = self._cta_rank()
+        # both CTAs of a cluster receive every K / V box (each full barrier counts all of it)
+        kv_mask = cutlass.Int16((1 << cfg.cluster) - 1) if cfg.cluster > 1 else None
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
@@ -549,27 +553,17 @@ class FlashAttentionSm90:
                 cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
 
             def load_k(j, state):
-                self._load_kv(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
-                              pipe_k.producer_get_barrier(state))
+                self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                                 pipe_k.producer_get_barrier(state), kv_mask)
 
             def load_v(j, state):
-                self._load_kv(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
-                              pipe_v.producer_get_barrier(state))
+                self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                                 pipe_v.producer_get_barrier(state), kv_mask)
 
             return load_q, load_k, load_v
 
         self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
                            tile_loaders)
-
-    @cute.jit
-    def _load_kv(self, atom, src, dst, bar):
-        """One K or V box (or this CTA's half of it, multicast to both CTAs of the cluster:
-        every CTA's full barrier then counts the whole box's bytes)."""
-        if cutlass.const_expr(self.cfg.cluster > 1):
-            cute.copy(atom, src, dst, tma_bar_ptr=bar,
-                      mcast_mask=cutlass.Int16((1 << self.cfg.cluster) - 1))
-        else:
-            cute.copy(atom, src, dst, tma_bar_ptr=bar)
 
     @cute.jit
     def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
