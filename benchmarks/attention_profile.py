@@ -3,10 +3,14 @@ and cuDNN (torch SDPA) side by side, d = 128 fp16, at a short and a middle seque
 (s = 512 and 2k, 16k tokens, 16 heads), non-causal: where the gap to cuDNN is widest and where
 it closes.
 
-    source .gpu/prelude.sh && python benchmarks/attention_profile.py OUT.json
+    source .gpu/prelude.sh && python benchmarks/attention_profile.py OUT.json \
+        [--cells D:S[:cluster2] ...]
 
 The launches inside the NVTX range "profile" are measured (compiles and warm-ups are
 outside it); ``gemm_profile.run_ncu`` builds the ncu command and writes the table.
+``--cells``: other (head dim, sequence length) cells, non-causal, 16k tokens, 2048 / d heads;
+``:cluster2`` adds ours with ``cluster=2`` (K/V multicast) beside the default. The L2
+counters say whether a cell streams K / V at the L2's limit.
 
     python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE[:DTYPE[:SEQLEN]] ...]
 
@@ -37,9 +41,32 @@ ATTENTION_METRICS = METRICS + [
     "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "lts__t_bytes.sum.per_second",  # L2 traffic (all clients), bytes/s
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
 ]
 SEQLENS = (512, 2048)
-ORDER = [f"{who}_s{s}" for s in SEQLENS for who in ("ours_tma", "cudnn")]
+DEFAULT_CELLS = tuple(f"128:{s}" for s in SEQLENS)
+CELLS_ENV = "CUTETMA_PROFILE_CELLS"  # how the ncu child learns the parent's --cells
+
+
+def parse_cells(specs):
+    """``D:S[:cluster2]`` -> [(d, s, with_cluster)]."""
+    cells = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or parts[2:] not in ([], ["cluster2"]):
+            raise SystemExit(f"--cells {spec!r}: D:S or D:S:cluster2")
+        cells.append((int(parts[0]), int(parts[1]), len(parts) == 3))
+    return cells
+
+
+def launch_names(cells):
+    """The profiled launches in order, one name each."""
+    names = []
+    for d, s, with_cluster in cells:
+        names += [f"ours_tma_d{d}_s{s}"] + ([f"ours_cluster2_d{d}_s{s}"] if with_cluster
+                                            else []) + [f"cudnn_d{d}_s{s}"]
+    return names
 # the SASS profile (--source): its default sequence length, the instructions kept in its JSON
 # summary, and the launch-wide counters read beside the per-instruction ones
 SOURCE_SEQLEN = 512
@@ -50,28 +77,37 @@ LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
 
 
 def workload():
+    import os
+
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cutetma import ops
+    from cutetma.kernels.attention_sm90 import AttentionConfig
 
     calls = []
-    for s in SEQLENS:
-        q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=torch.float16)
-                   for _ in range(3))
+    for d, s, with_cluster in parse_cells(os.environ.get(CELLS_ENV, "").split()
+                                          or DEFAULT_CELLS):
+        q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda",
+                               dtype=torch.float16) for _ in range(3))
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
         def cudnn(qt=qt, kt=kt, vt=vt):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
 
-        calls += [lambda q=q, k=k, v=v: ops.attention(q, k, v), cudnn]
+        calls += [lambda q=q, k=k, v=v: ops.attention(q, k, v)]
+        if with_cluster:
+            cfg = AttentionConfig(head_dim=d, cluster=2)
+            calls += [lambda q=q, k=k, v=v, cfg=cfg: ops._run_attention(
+                q, k, v, cfg.head_dim ** -0.5, cfg)]
+        calls += [cudnn]
     for fn in calls:  # compile and warm up outside the profiled range
         fn()
         fn()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("profile")
-    for fn in calls:  # in ORDER
+    for fn in calls:  # in launch_names() order
         fn()
         torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
@@ -192,5 +228,11 @@ if __name__ == "__main__":
         rest = sys.argv[sys.argv.index("--source") + 1:]
         sys.exit(run_source(Path(rest[0]), rest[1:] or ["overlap", "pingpong"]))
     else:
-        out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("attention_profile.json")
-        sys.exit(run_ncu(out, __file__, ATTENTION_METRICS, ORDER))
+        import os
+
+        args = sys.argv[1:]
+        cells = args[args.index("--cells") + 1:] if "--cells" in args else list(DEFAULT_CELLS)
+        args = args[:args.index("--cells")] if "--cells" in args else args
+        os.environ[CELLS_ENV] = " ".join(cells)
+        out = Path(args[0]) if args else Path("attention_profile.json")
+        sys.exit(run_ncu(out, __file__, ATTENTION_METRICS, launch_names(parse_cells(cells))))

@@ -158,8 +158,10 @@ def _plain(kwargs: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
 
 
-def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False) -> dict:
-    """cuBLAS and every mechanism (best tile each) on one (M, N, K), the same randn data."""
+def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
+                 mechanisms=tuple(MECHANISMS)) -> dict:
+    """cuBLAS and every mechanism (best tile each; ``mechanisms``: only these) on one
+    (M, N, K), the same randn data."""
     import torch
 
     from cutetma import ops
@@ -173,7 +175,7 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False) -> dic
     scale = ref.float().abs().max().item() + 1e-6
     row = {"M": m, "N": n, "K": k, "dtype": dtype, "cublas": flops / bench(lambda: a @ b.T) / 1e9}
     finalists = {}
-    for name in MECHANISMS:
+    for name in mechanisms:
         best = None
         for kwargs in candidates(name, m, n, k):
             def call(kwargs=kwargs):
@@ -220,12 +222,12 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False) -> dic
 
 
 def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None,
-        every: bool = False) -> list[dict]:
+        every: bool = False, mechanisms=tuple(MECHANISMS)) -> list[dict]:
     """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
     todo = [(d, c) for d in dtypes for c in cells(quick, only)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
-        rows.append(measure_cell(dtype, *mnk, every=every))
+        rows.append(measure_cell(dtype, *mnk, every=every, mechanisms=mechanisms))
         if checkpoint:
             checkpoint(rows)
     return rows
@@ -301,6 +303,8 @@ def main(argv=None):
     ap.add_argument("--every", action="store_true",
                     help="record every candidate's time (<mechanism>_every), not only the best")
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
+    ap.add_argument("--mechanisms", nargs="*", default=list(MECHANISMS), choices=MECHANISMS,
+                    help="only these columns of ours (an A/B of builds in less time)")
     ap.add_argument("--tiles", nargs="*", default=[], metavar="MxN",
                     help="also offer TMA these tiles in every cell with M > 64 (an ablation)")
     ap.add_argument("--merge", nargs="*", metavar="JSON",
@@ -327,7 +331,8 @@ def main(argv=None):
                  **{k: parts[0]["meta"].get(k) for k in ("device", "clocks", "torch", "cuda",
                                                          "cutlass_dsl")}}
     else:
-        rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every)
+        rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every,
+                   tuple(args.mechanisms))
         extra = {"seconds": round(time.time() - t0)}
     summary = summarize(rows)
     path = results.write(args.name, rows, out, extra_meta={

@@ -137,6 +137,9 @@ def test_default_schedule_is_the_measured_best():
     (dict(cluster=4), "cluster=4: 1 or 2"), (dict(cluster=2, causal=True), "causal=False"),
     (dict(cluster=2, load="cp_async"), "cp.async cannot multicast"),
     (dict(cluster=2, persistent=False), "persistent=True"),
+    (dict(l2_hints=True, load="cp_async"), "TMA loads only"),
+    (dict(rescale_threshold=-1.0), "rescale_threshold"),
+    (dict(rescale_threshold=17.0), "rescale_threshold"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -436,6 +439,20 @@ def test_default_configs_keep_wgmma_async_without_spills(dtype):
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), (cfg, log)
 
 
+@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+def test_lazy_rescale_keeps_wgmma_async_without_spills(dtype):
+    """rescale_threshold > 0 puts O's rescale behind a branch. Placed beside an in-flight
+    WGMMA, that branch made ptxas copy O (C7519, "warpgroup.arrive is injected") or
+    serialize the WGMMAs (C7512, bf16); at the end of the iteration it does neither. Each
+    schedule: pingpong (d = 64), overlap (d = 128), serial (d = 256 causal)."""
+    for head_dim, causal in [(64, False), (128, True), (256, True)]:
+        cfg = AttentionConfig(head_dim=head_dim, causal=causal, dtype=dtype.lower(),
+                              rescale_threshold=8.0)
+        log = kernels.ptxas_log(kernels.compile_attention(cfg, dtype, as_from_dlpack=True).ptx)
+        assert "C7512" not in log and "C7519" not in log, (cfg, log)
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), (cfg, log)
+
+
 def test_pairwise_reduces_as_a_balanced_tree():
     """The softmax's row max and row sum: the same n - 1 combines as a chain, ceil(log2 n) deep
     (a chain of 32 was what one warp's softmax waited out at d = 128)."""
@@ -518,3 +535,26 @@ def test_cluster_multicasts_k_and_v_only(head_dim):
         log = kernels.ptxas_log(ptx)
         assert "C7512" not in log
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def _copy_policies(ptx: str) -> list[int]:
+    """The L2 cache-policy operand of every bulk tensor copy, as the constant moved into it."""
+    constants = dict(re.findall(r"mov\.b64\s+(%rd\d+), (\d+);", ptx))
+    operands = re.findall(r"cp\.async\.bulk\.tensor\.[^;]*\.L2::cache_hint[^;]*, (%rd\d+);",
+                          ptx)
+    return [int(constants[op]) for op in operands]
+
+
+def test_l2_hints_mark_q_evict_first_and_kv_evict_last():
+    """l2_hints: Q's copies carry evict_first, K's and V's evict_last (FlashAttention-3's
+    policies); without it every copy carries the DSL's default operand, 0."""
+    from cutetma.copy import tma
+
+    plain = kernels.compile_attention(AttentionConfig(head_dim=128), "Float16", True).ptx
+    hinted = kernels.compile_attention(AttentionConfig(head_dim=128, l2_hints=True),
+                                       "Float16", True).ptx
+    assert set(_copy_policies(plain)) == {0}
+    policies = _copy_policies(hinted)
+    assert len(policies) == len(_copy_policies(plain))
+    assert policies.count(tma.EVICT_FIRST) == 128 // 64  # Q: one copy per 128-byte span
+    assert policies.count(tma.EVICT_LAST) == len(policies) - 128 // 64

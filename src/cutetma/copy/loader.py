@@ -96,11 +96,13 @@ class TmaLoader(_Loader):
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bar, nbytes)
 
-    def load(self, atom, src, dst, bar, mcast_mask=None):
+    def load(self, atom, src, dst, bar, mcast_mask=None, cache_hint=None):
+        """``cache_hint``: an L2 eviction policy (``tma.EVICT_LAST``, ...) or None."""
+        hint = {} if cache_hint is None else {"cache_policy": cutlass.Int64(cache_hint)}
         if self.multicast > 1:
-            cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mcast_mask)
+            cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mcast_mask, **hint)
         else:
-            cute.copy(atom, src, dst, tma_bar_ptr=bar)
+            cute.copy(atom, src, dst, tma_bar_ptr=bar, **hint)
 
     def commit(self, bar):
         pass

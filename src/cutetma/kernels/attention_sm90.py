@@ -193,6 +193,15 @@ class AttentionConfig:
     # multicasts it to both, halving the K/V traffic from L2 (FlashAttention-3 does this for
     # d >= 128 non-causal)
     cluster: int = 1
+    # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
+    # evict_first; K and V, which every query block of the head reads again, evict_last
+    l2_hints: bool = False
+    # lazy rescaling (FlashAttention-4's): the running row max moves only when a block's
+    # max exceeds it by more than this many powers of two (P = exp2(s - max) then stays
+    # below 2^threshold: exact enough in fp32 sums and fp16 / bf16 P), so O's rescale is
+    # skipped by a thread whose rows both keep their max: after the first blocks, almost
+    # every block. 0: rescale at every block (FlashAttention-2 / 3)
+    rescale_threshold: float = 0.0
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -236,6 +245,11 @@ class AttentionConfig:
             raise ValueError("cluster=2 (K/V multicast) needs load='tma', causal=False and "
                              "persistent=True: cp.async cannot multicast, and the two CTAs "
                              "must walk the same key blocks in step")
+        if not 0.0 <= self.rescale_threshold <= 16.0:
+            raise ValueError(f"rescale_threshold={self.rescale_threshold}: 0 .. 16 (P may "
+                             "reach 2^threshold)")
+        if self.l2_hints and self.load != "tma":
+            raise ValueError("l2_hints=True: TMA loads only (load='tma')")
 
     @property
     def max_stages(self) -> int:
@@ -532,6 +546,8 @@ class FlashAttentionSm90:
         rank = self._cta_rank()
         # both CTAs of a cluster receive every K / V box (each full barrier counts all of it)
         kv_mask = cutlass.Int16((1 << cfg.cluster) - 1) if cfg.cluster > 1 else None
+        q_hint = {"cache_policy": cutlass.Int64(tma.EVICT_FIRST)} if cfg.l2_hints else {}
+        kv_hint = tma.EVICT_LAST if cfg.l2_hints else None
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
@@ -550,15 +566,16 @@ class FlashAttentionSm90:
             def load_q(q_stage):
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
-                cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage,
+                          **q_hint)
 
             def load_k(j, state):
                 self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
-                                 pipe_k.producer_get_barrier(state), kv_mask)
+                                 pipe_k.producer_get_barrier(state), kv_mask, kv_hint)
 
             def load_v(j, state):
                 self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
-                                 pipe_v.producer_get_barrier(state), kv_mask)
+                                 pipe_v.producer_get_barrier(state), kv_mask, kv_hint)
 
             return load_q, load_k, load_v
 
@@ -694,6 +711,7 @@ class FlashAttentionSm90:
         row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
         col_in_tile = (lane % 4) * 2
         p_steps = cfg.block_n // 16
+        lazy = cfg.rescale_threshold > 0.0  # O rescaled only where a row's max moved
 
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
         # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
@@ -783,7 +801,8 @@ class FlashAttentionSm90:
                             tOrP_as_s.store(acc_s.load().to(mO.element_type))
                             # S_j, while O takes j-1's rescale
                             self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
-                            self._rescale(acc_o, correction)
+                            if cutlass.const_expr(not lazy):
+                                self._rescale(acc_o, correction)
                             self.loader.consumer_wait(pipe_v, release)
                             self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                             if cutlass.const_expr(cfg.pingpong):
@@ -795,10 +814,16 @@ class FlashAttentionSm90:
                             self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                             warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
                             self.loader.consumer_release(pipe_v, release)
+                            if cutlass.const_expr(lazy):
+                                # O's rescale for block j, here, where no WGMMA is in flight:
+                                # a branch around it beside an in-flight one made ptxas copy
+                                # O (C7519) or serialize the WGMMAs (C7512, bf16)
+                                self._rescale(acc_o, correction)
                             release.advance()
                             read.advance()
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                        self._rescale(acc_o, correction)
+                        if cutlass.const_expr(not lazy):
+                            self._rescale(acc_o, correction)
                         self.loader.consumer_wait(pipe_v, release)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                         warpgroup.wait_group(0)
@@ -884,11 +909,17 @@ class FlashAttentionSm90:
         """Update the running max and sum of this thread's two rows, S -> P in place, and
         leave in ``correction`` the factor O must be rescaled by (``_rescale``): the caller
         decides when, so the rescale can wait for an in-flight P V to finish."""
+        threshold = self.cfg.rescale_threshold
         for r in cutlass.range_constexpr(2):
             row = [i for i in range(cute.size(acc_s)) if (i // 2) % 2 == r]
             new_max = cute.arch.fmax(row_max[r], pairwise([acc_s[i] for i in row],
                                                           cute.arch.fmax))
             new_max = cute.arch.warp_reduction_max(new_max, threads_in_group=4)
+            if cutlass.const_expr(threshold > 0.0):
+                # keep the old max unless the new one is more than 2^threshold ahead (from
+                # -inf: always moves; both -inf: the comparison is NaN, false, and stays)
+                grow = (new_max - row_max[r]) * scale_log2 > threshold
+                new_max = cutlass.select_(grow, new_max, row_max[r])
             # a fully masked row keeps max -inf: use 0 so exp2 gives 0, not NaN
             safe_max = new_max
             if new_max == -cutlass.Float32.inf:
@@ -896,6 +927,9 @@ class FlashAttentionSm90:
             corr = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
             if row_max[r] == -cutlass.Float32.inf:
                 corr = 0.0
+            if cutlass.const_expr(threshold > 0.0):
+                if new_max == row_max[r]:
+                    corr = 1.0  # exactly: _rescale skips a thread whose factors are both 1
             correction[r] = corr
             row_max[r] = new_max
             max_scaled = safe_max * scale_log2
@@ -906,8 +940,14 @@ class FlashAttentionSm90:
 
     @cute.jit
     def _rescale(self, acc_o, correction):
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
+        if cutlass.const_expr(self.cfg.rescale_threshold > 0.0):
+            # lazy: most blocks leave both of this thread's rows at their max
+            if (correction[0] != 1.0) | (correction[1] != 1.0):
+                for i in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
 
     @cute.jit
     def _epilogue(self, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q,
