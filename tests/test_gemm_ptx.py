@@ -388,19 +388,6 @@ def test_wgmma_stays_asynchronous(cfg):
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
-def test_cooperative_epilogue_syncs_once_per_sub_tile():
-    """Cooperative epilogue: one named-barrier sync per sub-tile (8 for 256 columns at 32),
-    the store warp keeping 2 TMA stores in flight (``wait_group.read 2``) so that the buffer
-    written after the next barrier is free. Pingpong's two buffers keep 1 and two syncs."""
-    ptx = kernels.compile_gemm(GemmConfig(), "Float16").ptx
-    epilogue_syncs = re.findall(r"\bbar\.sync\s+1,", ptx)
-    assert len(epilogue_syncs) == GemmConfig().tile_n // GemmConfig().epi_n
-    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+2;", ptx)
-    pingpong = kernels.compile_gemm(GemmConfig(tile_n=128, schedule="pingpong"), "Float16").ptx
-    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+1;", pingpong)
-    assert not re.search(r"cp\.async\.bulk\.wait_group\.read\s+2;", pingpong)
-
-
 def _gemm_benchmark():
     import sys
     from pathlib import Path

@@ -521,13 +521,6 @@ class HopperGemm:
         frag = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
         frag_out = cute.make_rmem_tensor(frag_shape, c_dtype)
         epi_tiles = cfg.tile_n // cfg.epi_n
-        # One barrier per epilogue sub-tile where there are buffers to spare (cooperative: 4):
-        # right after issuing store e the store warp waits until at most 2 are in flight
-        # (store e - 2 has read its buffer), and only then arrives at barrier e + 1; every
-        # warp passes barrier e + 1 before it writes sub-tile e + 2 into buffer
-        # (e + 2) mod 4 = (e - 2) mod 4. With 2 buffers (pingpong) the store warp would have
-        # to drain every store: there a second barrier per sub-tile waits for the one store.
-        one_barrier = epi_bufs >= 4
         order = epilogue_order(tiled_mma, r2s, (cfg.tile_m, cfg.tile_n), cfg.epi_n)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -608,10 +601,8 @@ class HopperGemm:
                         if warp == store_warp:
                             cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
                             tma.commit()
-                            tma.wait(epi_bufs - 1 - one_barrier)
-                        if cutlass.const_expr(not one_barrier):
-                            # the buffer written next is free again (its store has read it)
-                            epi_sync.arrive_and_wait()
+                            tma.wait(epi_bufs - 1)  # the buffer written next is free again
+                        epi_sync.arrive_and_wait()
                         stores += 1
             else:
                 # the other warpgroup's tile: its stages pass us by
