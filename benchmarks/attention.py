@@ -15,9 +15,9 @@ intra-warpgroup overlap and pingpong, from which those defaults were chosen, and
 ``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``),
 and with the other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``); and every
 row the default with one CTA per tile instead of the persistent grid
-(``tma_one_cta_per_tile``). ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128``
-times only those columns (both dtypes) and cuDNN: an A/B in a few minutes; ``tma_cluster2``
-(K/V multicast to a cluster of 2, non-causal) is such an on-request column. ``--custom
+(``tma_one_cta_per_tile``); fp16 non-causal rows also the K/V multicast to a cluster of 2
+(``tma_cluster2``). ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
+those columns (both dtypes) and cuDNN: an A/B in a few minutes. ``--custom
 NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlens`` and
 ``--masks`` narrow the grid.
 Writes ``attention.json`` and ``attention.png`` into --out.
@@ -88,9 +88,7 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
     extra = [(name, config.get("load", "tma"), config) for name, config in custom]
     if chosen is not None or extra:
         return [v for v in every if v[0] in (chosen or ())] + extra
-    # tma_cluster2 only on request until its GPU tests have passed (written 2026-12-01
-    # without a GPU; a hang would take the whole grid with it)
-    on_request = ("tma_two_q", "tma_two_kv_stages", "tma_cluster2")
+    on_request = ("tma_two_q", "tma_two_kv_stages")
     return [v for v in every if v[0] not in on_request and (
         dtype == "float16" or v[0] in ("tma", "cp_async", "tma_one_cta_per_tile"))]
 

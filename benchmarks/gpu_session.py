@@ -8,13 +8,26 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Next session's first call (the cluster multicast for attention, written without a GPU: its
-tests in a child process with a per-test timeout, as a wrong barrier count hangs; then its
-column beside the default)::
+Session 9's calls (each command under a ``timeout``; a second build as ``.snapA`` beside the
+working tree, as in session 8)::
 
     python benchmarks/gpu_session.py --only tests --pytest \
-        tests/test_attention_gpu.py::test_cluster_multicast --test-timeout 90 --tests-budget 240
-    python benchmarks/attention.py --variants tma tma_cluster2 --masks non-causal --out /tmp/r/c2
+        tests/test_attention_gpu.py::test_cluster_multicast --test-timeout 120   # 6 passed
+    python benchmarks/attention.py --variants tma tma_cluster2 tma_other_q --masks non-causal
+    python benchmarks/attention.py --variants tma tma_cluster2 --custom hint=l2_hints:1 \
+        c2hint=cluster:2,l2_hints:1 --masks non-causal          # 36 cells x 4 columns, 68 s
+    python benchmarks/attention_profile.py OUT.json --cells 256:4096:cluster2 \
+        64:8192:cluster2 128:2048:cluster2                      # ncu with L2 counters, 26 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_gemm_gpu.py \
+        --test-timeout 120 --tests-budget 290                   # 70 tests, 200 s
+    python benchmarks/gemm.py --cells 8192x14336x4096 ... --dtypes float16 \
+        --mechanisms tma --name ab_B1                            # 7 cells, 15 s per build
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16  # 197 s; bf16 the same; then
+    python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json   # on the host, no GPU
+    python benchmarks/gemm_sustained.py --seconds 8             # 70 s
+
+Next: ncu's power and clock counters on the GEMM at the power cap (``gemm_sustained.py``
+found ours running the card 15-45 MHz slower than cuBLAS at the same 690 W).
 
 Session 8's calls: an A/B of several builds in one call, each build a snapshot of ``src/``
 (``git archive REV src``) carried beside ``.gpu`` as ``.snapA``, ``.snapB``, ...; the same

@@ -8,8 +8,8 @@ The kernel is ``cutetma.kernels.attention_sm90.FlashAttentionSm90``. Its GPU tes
 ``tests/test_attention_gpu.py``: s_q = s_k in {1, 2, 113, 128, 203, 1023, 1024, 4224}
 plus pairs with s_q != s_k (113/203 and 1/1024, both ways), d 64/128/256, causal or not,
 MHA/GQA/MQA, both producers, all three schedules, and a persistent walk of many tiles per CTA
-checked against one CTA per tile. All of them pass on the H200 (59 on 2026-12-01), except
-``test_cluster_multicast``, written after that run and not yet run. The timings come from
+checked against one CTA per tile. All of them pass on the H200 (59 on 2026-12-01, and
+``test_cluster_multicast``'s 6 in the session after). The timings come from
 ``benchmarks/attention.py`` (``attention.json``, ``attention.png``). From torch::
 
     out = cutetma.attention(q, k, v, causal=True)        # q (b, s_q, h, d); k, v (b, s_k, h_kv, d)
@@ -193,11 +193,12 @@ kernel timed twice differs by up to 9% (the last line of section 6).
 * a dynamic tile scheduler: FA3's persistent CTAs can take their next tile from an atomic
   counter, while this kernel's round robin is static, fixed at launch;
 * a TMA-store epilogue (this one stores 16 bytes per thread from registers, above);
-* measured cluster multicast of K/V: FA3 pairs CTAs of neighbouring query blocks in a
+* cluster multicast of K/V as a default: FA3 pairs CTAs of neighbouring query blocks in a
   cluster and multicasts each K/V block to both (06). ``cluster=2`` does that here too
   (non-causal, opt-in: each CTA loads half of every K and V box and multicasts it, and each
-  consumer warp releases the stage in both CTAs), but it was written without a GPU and has
-  not yet run;
+  consumer warp releases the stage in both CTAs). It is correct on the H200 but 2-5% slower
+  than one CTA (``attention_cluster.json``): ncu shows the L2 traffic it saves was not what
+  limited this kernel (``attention_profile_cells.json``);
 * FP8;
 * paged and variable-length KV;
 * the backward pass.

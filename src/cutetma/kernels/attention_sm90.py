@@ -59,9 +59,9 @@ O leaves by 16-byte stores from registers after a quad transpose (``_epilogue``)
 ``cluster=2`` (non-causal, opt-in): FlashAttention-3's K/V multicast. The two CTAs of a
 cluster take neighbouring query blocks of one head; each loads half of every K and V box and
 multicasts it to both (every full barrier counts the whole box), and each consumer warp
-releases a stage in both CTAs, since both producers write into it. Compiled and checked in the
-PTX; not yet run on a GPU (2026-12-01), so not a default. Not here (FlashAttention-3 has it):
-a TMA-store epilogue.
+releases a stage in both CTAs, since both producers write into it. Correct on the H200 (its GPU
+test), but 2-5% slower than one CTA there (by head dim, two passes, 2026-12-01; ahead only at
+d = 64, 16k): not a default. Not here (FlashAttention-3 has it): a TMA-store epilogue.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # 0.95-0.99x at s >= 4k (the lost stage alone costs as much). A second pass with two as the
 # d = 64 non-causal default (attention_d64.json, fp16 tma_other_q): 0.997-1.047x, median 1.024.
 # After session 8's consumer changes (attention.json of 2026-12-01, d = 64 non-causal still on
-# overlap then): 0.957-1.001x, median 0.986, one buffer ahead in 5 of 6 fp16 cells. Kept until
-# measured again with pingpong, its schedule since.
+# overlap then): 0.957-1.001x, median 0.986, one buffer ahead in 5 of 6 fp16 cells. With
+# pingpong (attention_cluster.json, both dtypes): two buffers ahead by 1-4% at s <= 4k, behind
+# by 0-1.6% at 8k-16k. Kept.
 Q_STAGES = {(64, False): 2}
 # The default schedule per (head_dim, causal, dtype), from the ablation of all three on the
 # H200 (benchmarks/attention.py --variants tma_serial tma_overlap tma_pingpong: both dtypes,
@@ -191,17 +192,13 @@ class AttentionConfig:
     # CTAs per cluster (1 or 2; TMA, non-causal, persistent): with 2, the cluster's CTAs take
     # query blocks 2i and 2i + 1 of one head, and each loads half of every K and V block and
     # multicasts it to both, halving the K/V traffic from L2 (FlashAttention-3 does this for
-    # d >= 128 non-causal)
+    # d >= 128 non-causal). On the H200 that traffic is not the limit: 2-5% slower (the two
+    # CTAs wait for each other's releases), ahead only at d = 64, 16k (2026-12-01)
     cluster: int = 1
     # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
-    # evict_first; K and V, which every query block of the head reads again, evict_last
+    # evict_first; K and V, which every query block of the head reads again, evict_last.
+    # Measured 2-3% slower than the DSL's default policy on the H200 (2026-12-01)
     l2_hints: bool = False
-    # lazy rescaling (FlashAttention-4's): the running row max moves only when a block's
-    # max exceeds it by more than this many powers of two (P = exp2(s - max) then stays
-    # below 2^threshold: exact enough in fp32 sums and fp16 / bf16 P), so O's rescale is
-    # skipped by a thread whose rows both keep their max: after the first blocks, almost
-    # every block. 0: rescale at every block (FlashAttention-2 / 3)
-    rescale_threshold: float = 0.0
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -245,9 +242,6 @@ class AttentionConfig:
             raise ValueError("cluster=2 (K/V multicast) needs load='tma', causal=False and "
                              "persistent=True: cp.async cannot multicast, and the two CTAs "
                              "must walk the same key blocks in step")
-        if not 0.0 <= self.rescale_threshold <= 16.0:
-            raise ValueError(f"rescale_threshold={self.rescale_threshold}: 0 .. 16 (P may "
-                             "reach 2^threshold)")
         if self.l2_hints and self.load != "tma":
             raise ValueError("l2_hints=True: TMA loads only (load='tma')")
 
@@ -711,7 +705,6 @@ class FlashAttentionSm90:
         row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
         col_in_tile = (lane % 4) * 2
         p_steps = cfg.block_n // 16
-        lazy = cfg.rescale_threshold > 0.0  # O rescaled only where a row's max moved
 
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
         # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
@@ -801,8 +794,7 @@ class FlashAttentionSm90:
                             tOrP_as_s.store(acc_s.load().to(mO.element_type))
                             # S_j, while O takes j-1's rescale
                             self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
-                            if cutlass.const_expr(not lazy):
-                                self._rescale(acc_o, correction)
+                            self._rescale(acc_o, correction)
                             self.loader.consumer_wait(pipe_v, release)
                             self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                             if cutlass.const_expr(cfg.pingpong):
@@ -814,16 +806,10 @@ class FlashAttentionSm90:
                             self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                             warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
                             self.loader.consumer_release(pipe_v, release)
-                            if cutlass.const_expr(lazy):
-                                # O's rescale for block j, here, where no WGMMA is in flight:
-                                # a branch around it beside an in-flight one made ptxas copy
-                                # O (C7519) or serialize the WGMMAs (C7512, bf16)
-                                self._rescale(acc_o, correction)
                             release.advance()
                             read.advance()
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                        if cutlass.const_expr(not lazy):
-                            self._rescale(acc_o, correction)
+                        self._rescale(acc_o, correction)
                         self.loader.consumer_wait(pipe_v, release)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                         warpgroup.wait_group(0)
@@ -909,17 +895,11 @@ class FlashAttentionSm90:
         """Update the running max and sum of this thread's two rows, S -> P in place, and
         leave in ``correction`` the factor O must be rescaled by (``_rescale``): the caller
         decides when, so the rescale can wait for an in-flight P V to finish."""
-        threshold = self.cfg.rescale_threshold
         for r in cutlass.range_constexpr(2):
             row = [i for i in range(cute.size(acc_s)) if (i // 2) % 2 == r]
             new_max = cute.arch.fmax(row_max[r], pairwise([acc_s[i] for i in row],
                                                           cute.arch.fmax))
             new_max = cute.arch.warp_reduction_max(new_max, threads_in_group=4)
-            if cutlass.const_expr(threshold > 0.0):
-                # keep the old max unless the new one is more than 2^threshold ahead (from
-                # -inf: always moves; both -inf: the comparison is NaN, false, and stays)
-                grow = (new_max - row_max[r]) * scale_log2 > threshold
-                new_max = cutlass.select_(grow, new_max, row_max[r])
             # a fully masked row keeps max -inf: use 0 so exp2 gives 0, not NaN
             safe_max = new_max
             if new_max == -cutlass.Float32.inf:
@@ -927,9 +907,6 @@ class FlashAttentionSm90:
             corr = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
             if row_max[r] == -cutlass.Float32.inf:
                 corr = 0.0
-            if cutlass.const_expr(threshold > 0.0):
-                if new_max == row_max[r]:
-                    corr = 1.0  # exactly: _rescale skips a thread whose factors are both 1
             correction[r] = corr
             row_max[r] = new_max
             max_scaled = safe_max * scale_log2
@@ -940,14 +917,8 @@ class FlashAttentionSm90:
 
     @cute.jit
     def _rescale(self, acc_o, correction):
-        if cutlass.const_expr(self.cfg.rescale_threshold > 0.0):
-            # lazy: most blocks leave both of this thread's rows at their max
-            if (correction[0] != 1.0) | (correction[1] != 1.0):
-                for i in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = acc_o[i] * correction[(i // 2) % 2]
 
     @cute.jit
     def _epilogue(self, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q,
