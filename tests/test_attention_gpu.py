@@ -95,6 +95,21 @@ def test_cluster_multicast(dtype, head_dim):
         check(q, k, v, False, cluster=2)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_l2_hints(causal):
+    """l2_hints (Q evict_first, K / V evict_last): a cache policy changes where lines live in
+    L2, never the bytes that arrive; alone and with the cluster's multicast copies."""
+    import torch
+
+    for s_q, s_k in [(113, 203), (1023, 1024)]:
+        q = torch.randn(2, s_q, 4, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, s_k, 2, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, s_k, 2, 128, device="cuda", dtype=torch.bfloat16)
+        check(q, k, v, causal, l2_hints=True)
+        if not causal:
+            check(q, k, v, causal, l2_hints=True, cluster=2)
+
+
 @pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_mqa(heads, causal):
