@@ -25,6 +25,8 @@ working tree, as in session 8)::
     python benchmarks/gemm.py --dtypes float16 --name gemm_fp16  # 197 s; bf16 the same; then
     python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json   # on the host, no GPU
     python benchmarks/gemm_sustained.py --seconds 8             # 70 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
+        --test-timeout 100 --tests-budget 250                   # 67 passed, 189 s
 
 Next: ncu's power and clock counters on the GEMM at the power cap (``gemm_sustained.py``
 found ours running the card 15-45 MHz slower than cuBLAS at the same 690 W).
