@@ -67,6 +67,8 @@ def launch_names(cells):
         names += [f"ours_tma_d{d}_s{s}"] + ([f"ours_cluster2_d{d}_s{s}"] if with_cluster
                                             else []) + [f"cudnn_d{d}_s{s}"]
     return names
+
+
 # the SASS profile (--source): its default sequence length, the instructions kept in its JSON
 # summary, and the launch-wide counters read beside the per-instruction ones
 SOURCE_SEQLEN = 512

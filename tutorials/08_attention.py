@@ -196,7 +196,7 @@ kernel timed twice differs by up to 9% (the last line of section 6).
 * cluster multicast of K/V as a default: FA3 pairs CTAs of neighbouring query blocks in a
   cluster and multicasts each K/V block to both (06). ``cluster=2`` does that here too
   (non-causal, opt-in: each CTA loads half of every K and V box and multicasts it, and each
-  consumer warp releases the stage in both CTAs). It is correct on the H200 but 2-5% slower
+  consumer warp releases the stage in both CTAs). It is correct on the H200 but 1-5% slower
   than one CTA (``attention_cluster.json``): ncu shows the L2 traffic it saves was not what
   limited this kernel (``attention_profile_cells.json``);
 * FP8;

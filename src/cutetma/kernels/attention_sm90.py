@@ -60,8 +60,8 @@ O leaves by 16-byte stores from registers after a quad transpose (``_epilogue``)
 cluster take neighbouring query blocks of one head; each loads half of every K and V box and
 multicasts it to both (every full barrier counts the whole box), and each consumer warp
 releases a stage in both CTAs, since both producers write into it. Correct on the H200 (its GPU
-test), but 2-5% slower than one CTA there (by head dim, two passes, 2026-12-01; ahead only at
-d = 64, 16k): not a default. Not here (FlashAttention-3 has it): a TMA-store epilogue.
+test), but 1-5% slower than one CTA there (by head dim, two passes, 2026-12-01; ahead in both
+only at d = 64, 16k): not a default. Not here (FlashAttention-3 has it): a TMA-store epilogue.
 """
 
 from __future__ import annotations
@@ -192,8 +192,8 @@ class AttentionConfig:
     # CTAs per cluster (1 or 2; TMA, non-causal, persistent): with 2, the cluster's CTAs take
     # query blocks 2i and 2i + 1 of one head, and each loads half of every K and V block and
     # multicasts it to both, halving the K/V traffic from L2 (FlashAttention-3 does this for
-    # d >= 128 non-causal). On the H200 that traffic is not the limit: 2-5% slower (the two
-    # CTAs wait for each other's releases), ahead only at d = 64, 16k (2026-12-01)
+    # d >= 128 non-causal). On the H200 that traffic is not the limit (ncu: a third less of it
+    # saved 1.3% at d = 256): 1-5% slower, ahead only at d = 64, 16k (2026-12-01)
     cluster: int = 1
     # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
     # evict_first; K and V, which every query block of the head reads again, evict_last.
