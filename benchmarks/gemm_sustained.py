@@ -2,7 +2,8 @@
 no options) each run back to back for several seconds, alternating, while nvidia-smi reports
 the SM clock and the power drawn.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_sustained.py [--seconds 6] [--out DIR]
+    source .gpu/prelude.sh && python benchmarks/gemm_sustained.py [--seconds 6] [--out DIR] \
+        [--cells MxNxK ...] [--kernels cublas ours ours:load=tma_multicast,cluster=2x1 ...]
 
 Why: short, cool runs (a dozen cells, seconds each) put ours at 0.98-1.02x cuBLAS on the
 large K = 4096 / 5120 shapes, while the 8-minute grid, where the card runs hot, has 0.90-0.93
@@ -10,7 +11,11 @@ for the same cells (both timed in alternating rounds). If the card's clock under
 drops further for ours than for cuBLAS, a kernel that spends more energy per FLOP loses
 exactly where the grid says. Each row: one kernel's phase, its TFLOP/s over the whole phase
 (timed by CUDA events around the loop), and the median SM clock and power sampled during it.
-Writes ``gemm_sustained.json``.
+``--kernels``: ``cublas``, ``ours`` (``cutetma.gemm`` with no options) or ``ours:`` with
+``cutetma.gemm`` keyword arguments (``key=value`` separated by commas; ``2x1`` is a tuple):
+which of our configurations spends least energy per FLOP once the card sits at its cap (a
+cooler, shorter run can rank them differently). The kernels take turns, ``--rounds`` times.
+Writes ``gemm_sustained.json`` (``--name``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,27 @@ import time
 from pathlib import Path
 
 CELLS = [(8192, 14336, 4096), (8192, 8192, 8192)]
-ORDER = ("cublas", "ours", "cublas", "ours")  # alternating: neither always runs hotter
+KERNELS = ("cublas", "ours")
+
+
+def parse_kernel(spec: str) -> dict | None:
+    """``cublas`` -> None; ``ours[:k=v,...]`` -> the ``cutetma.gemm`` keyword arguments
+    (``2x1`` -> (2, 1), digits -> int)."""
+    if spec == "cublas":
+        return None
+    name, _, args = spec.partition(":")
+    if name != "ours":
+        raise SystemExit(f"--kernels {spec!r}: cublas, ours or ours:key=value,...")
+    kwargs = {}
+    for field in filter(None, args.split(",")):
+        key, _, value = field.partition("=")
+        if not key or not value:
+            raise SystemExit(f"--kernels {spec!r}: key=value pairs after 'ours:'")
+        if "x" in value and value.replace("x", "").isdigit():
+            kwargs[key] = tuple(int(v) for v in value.split("x"))
+        else:
+            kwargs[key] = int(value) if value.isdigit() else value
+    return kwargs
 
 
 def sample_clocks(stop: threading.Event, samples: list, period: float = 0.25):
@@ -75,36 +100,51 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=6.0, help="length of each phase")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--cells", nargs="*", metavar="MxNxK", help="shapes (default: CELLS)")
+    ap.add_argument("--kernels", nargs="*", default=list(KERNELS), metavar="SPEC")
+    ap.add_argument("--rounds", type=int, default=2, help="turns of every kernel per cell")
+    ap.add_argument("--name", default="gemm_sustained")
     args = ap.parse_args(argv)
+    cells = [tuple(int(x) for x in c.split("x")) for c in args.cells] if args.cells else CELLS
+    specs = {spec: parse_kernel(spec) for spec in args.kernels}
     import torch
 
     from cutetma import ops, results
 
     rows = []
-    for m, n, k in CELLS:
+    for m, n, k in cells:
         t = getattr(torch, args.dtype)
         a = torch.randn(m, k, device="cuda", dtype=t)
         b = torch.randn(n, k, device="cuda", dtype=t)
         ref = (a @ b.T).float()
-        rel = ((ops.gemm(a, b).float() - ref).abs().max() / ref.abs().max()).item()
-        if not rel < 2e-2:
-            raise SystemExit(f"{m}x{n}x{k}: ours is wrong (rel. max error {rel:.3g})")
-        kernels = {"cublas": lambda a=a, b=b: a @ b.T, "ours": lambda a=a, b=b: ops.gemm(a, b)}
-        for fn in kernels.values():  # compile and warm up
+        kernels = {}
+        for spec, kwargs in specs.items():
+            if kwargs is None:
+                kernels[spec] = lambda a=a, b=b: a @ b.T
+                continue
+            kernels[spec] = lambda a=a, b=b, kwargs=kwargs: ops.gemm(a, b, **kwargs)
+            rel = ((kernels[spec]().float() - ref).abs().max() / ref.abs().max()).item()
+            if not rel < 2e-2:  # compiles and warms up, too
+                raise SystemExit(f"{m}x{n}x{k} {spec}: wrong (rel. max error {rel:.3g})")
+        for fn in kernels.values():  # warm up (cuBLAS picks its kernel on the first call)
             fn()
         torch.cuda.synchronize()
-        for phase, who in enumerate(ORDER):
+        for phase in range(args.rounds * len(kernels)):
+            who = list(kernels)[phase % len(kernels)]
             row = {"M": m, "N": n, "K": k, "dtype": args.dtype, "phase": phase, "kernel": who,
                    **sustained(kernels[who], args.seconds, 2 * m * n * k)}
             rows.append(row)
             print(row, flush=True)
-    path = results.write("gemm_sustained", rows, Path(args.out))
+    path = results.write(args.name, rows, Path(args.out))
     print(f"wrote {path}")
-    for m, n, k in CELLS:
+    for m, n, k in cells:
         mine = [r for r in rows if (r["M"], r["N"], r["K"]) == (m, n, k)]
-        ours = statistics.mean(r["tflops"] for r in mine if r["kernel"] == "ours")
-        cublas = statistics.mean(r["tflops"] for r in mine if r["kernel"] == "cublas")
-        print(f"  {m}x{n}x{k}: ours / cuBLAS sustained {ours / cublas:.3f}")
+        mean = {who: statistics.mean(r["tflops"] for r in mine if r["kernel"] == who)
+                for who in specs}
+        base = mean.get("cublas")
+        for who, tflops in mean.items():
+            versus = f", {tflops / base:.3f}x cuBLAS" if base and who != "cublas" else ""
+            print(f"  {m}x{n}x{k} {who}: {tflops:.0f} TFLOP/s sustained{versus}")
     return 0
 
 

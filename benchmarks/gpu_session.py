@@ -28,8 +28,13 @@ working tree, as in session 8)::
     python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
         --test-timeout 100 --tests-budget 250                   # 67 passed, 189 s
 
-Next: ncu's power and clock counters on the GEMM at the power cap (``gemm_sustained.py``
-found ours running the card 15-45 MHz slower than cuBLAS at the same 690 W).
+Next (``gemm_sustained.py`` found ours running the card 15-45 MHz slower than cuBLAS at the
+same 690 W): which of our configurations spends least energy per FLOP at the cap, where a
+cool, short run ranks them (2 cells x 5 kernels x 2 rounds x 6 s, about 2.5 minutes)::
+
+    python benchmarks/gemm_sustained.py --seconds 6 --kernels cublas ours \
+        ours:load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=1x2 \
+        ours:tile=64x256,schedule=pingpong --name gemm_sustained_configs
 
 Session 8's calls: an A/B of several builds in one call, each build a snapshot of ``src/``
 (``git archive REV src``) carried beside ``.gpu`` as ``.snapA``, ``.snapB``, ...; the same

@@ -418,6 +418,26 @@ def test_benchmark_offers_fitted_tiles_and_the_library_choice():
         assert chosen, mnk
 
 
+def test_sustained_benchmark_reads_kernel_specs():
+    """gemm_sustained.py --kernels: cuBLAS, ours with no options, or ours with cutetma.gemm
+    keyword arguments (the configurations compared at the power cap)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm_sustained
+
+    assert gemm_sustained.parse_kernel("cublas") is None
+    assert gemm_sustained.parse_kernel("ours") == {}
+    assert gemm_sustained.parse_kernel("ours:load=tma_multicast,cluster=2x1") == {
+        "load": "tma_multicast", "cluster": (2, 1)}
+    assert gemm_sustained.parse_kernel("ours:tile=64x256,schedule=pingpong,split_k=2") == {
+        "tile": (64, 256), "schedule": "pingpong", "split_k": 2}
+    for bad in ("cudnn", "ours:tile", "ours:=2"):
+        with pytest.raises(SystemExit):
+            gemm_sustained.parse_kernel(bad)
+
+
 def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
     """``gemm.py --merge`` joins per-dtype runs (the grid outgrows one device call) into one
     file with the summary over all rows and the meta of the machine that measured them."""
