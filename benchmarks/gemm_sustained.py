@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -53,15 +52,15 @@ def parse_kernel(spec: str) -> dict | None:
 
 
 def sample_clocks(stop: threading.Event, samples: list, period: float = 0.25):
-    """nvidia-smi's SM clock (MHz) and power (W) every ``period`` seconds until ``stop``."""
+    """The SM clock (MHz) and power (W) every ``period`` seconds until ``stop`` (the
+    nvidia-smi query that every results file's ``meta.clocks`` comes from)."""
+    from cutetma import results
+
     while not stop.is_set():
+        now = results.clocks()
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                                  "--format=csv,noheader,nounits"], capture_output=True,
-                                 text=True, timeout=5).stdout.strip().splitlines()[0]
-            clock, power = (float(x) for x in out.split(","))
-            samples.append((clock, power))
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            samples.append((float(now["sm_clock"].split()[0]), float(now["power"].split()[0])))
+        except (KeyError, ValueError, IndexError):
             pass
         stop.wait(period)
 

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 
-def _clocks() -> dict:
+def clocks() -> dict:
+    """nvidia-smi's clocks, temperature and power now, as it prints them ("1935 MHz"); {}
+    without a GPU."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,"
@@ -43,7 +45,7 @@ def meta(command: str | None = None) -> dict:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {
         "device": device,
-        "clocks": _clocks(),
+        "clocks": clocks(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cutlass_dsl": dsl_version,
