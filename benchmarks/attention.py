@@ -11,7 +11,8 @@ output first; a wrong or unsupported configuration becomes a row with an error.
 ``tma`` / ``cp_async`` use the default consumer schedule for the head dim, mask and dtype
 (``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
 (``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
-intra-warpgroup overlap and pingpong, from which those defaults were chosen, and, where
+intra-warpgroup overlap and pingpong, from which those defaults were chosen, the default with
+the wait for P V on the other side of the softmax (``tma_other_pv_wait``), and, where
 ``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``),
 and with the other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``); and every
 row the default with one CTA per tile instead of the persistent grid
@@ -39,10 +40,10 @@ TOKENS = 16384
 HEAD_DIMS = (64, 128, 256)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # the block shape each (head dim, causal)'s default is measured against (fp16 rows): d = 64
-# three consumer warpgroups (FlashAttention-3's 192-row tile, 96-key stages), d = 256 the other
-# of 64- and 80-key stages (the default: 80 non-causal, 64 causal)
+# three consumer warpgroups (FlashAttention-3's 192-row tile, 96-key stages), d = 256 64-key
+# stages (the default: 80)
 ALT_BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (256, False): (128, 64),
-              (256, True): (128, 80)}
+              (256, True): (128, 64)}
 
 
 def cells(quick: bool, head_dims=HEAD_DIMS, seqlens=SEQLENS, masks=(False, True)):
@@ -73,6 +74,10 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
 
     every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
     every += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
+    # the default's other place for the wait for P V (before or after the softmax, PV_WAIT)
+    pv_wait = AttentionConfig(head_dim=d, causal=causal).pv_wait
+    every += [("tma_other_pv_wait", "tma",
+               dict(pv_wait={"early": "late", "late": "early"}[pv_wait]))]
     if (d, causal) in ALT_BLOCKS:
         block_m, block_n = ALT_BLOCKS[(d, causal)]
         every += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]

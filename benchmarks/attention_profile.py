@@ -12,9 +12,10 @@ outside it); ``gemm_profile.run_ncu`` builds the ncu command and writes the tabl
 ``:cluster2`` adds ours with ``cluster=2`` (K/V multicast) beside the default. The L2
 counters say whether a cell streams K / V at the L2's limit.
 
-    python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE[:DTYPE[:SEQLEN]] ...]
+    python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE[:DTYPE[:SEQLEN[:D]]] ...]
 
-profiles ours alone (d = 128 non-causal; fp16 and s = 512 unless named) once per spec with
+profiles ours alone (non-causal; fp16, s = 512 and d = 128 unless named; an empty schedule is
+the cell's default) once per spec with
 ncu's source counters and writes, per spec, the SASS listing with its warp-stall samples
 (``attention_sass_<spec>.csv.gz``) and the launch's time, clock and instruction count with the
 instructions where warps wait most and the reasons (``attention_sass_<spec>.json``): which
@@ -43,6 +44,13 @@ ATTENTION_METRICS = METRICS + [
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "lts__t_bytes.sum.per_second",  # L2 traffic (all clients), bytes/s
     "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    # the softmax's pipes: MUFU (ex2) is the XU pipe, its waits short scoreboard and MIO
+    # throttle; at d = 64 its exps need as many cycles as the tensor pipe's GEMMs
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
 ]
 SEQLENS = (512, 2048)
 DEFAULT_CELLS = tuple(f"128:{s}" for s in SEQLENS)
@@ -116,30 +124,33 @@ def workload():
 
 
 def _parse_spec(spec: str):
-    """``schedule[:dtype[:seqlen]]`` -> (schedule, dtype, seqlen)."""
+    """``schedule[:dtype[:seqlen[:head_dim]]]`` -> (schedule, dtype, seqlen, head_dim); an
+    empty schedule is the default one for the cell."""
     parts = spec.split(":")
     return (parts[0], parts[1] if len(parts) > 1 else "float16",
-            int(parts[2]) if len(parts) > 2 else SOURCE_SEQLEN)
+            int(parts[2]) if len(parts) > 2 else SOURCE_SEQLEN,
+            int(parts[3]) if len(parts) > 3 else 128)
 
 
 def source_workload(spec: str):
     """Ours once inside the NVTX range (the SASS profile's launch). ``spec``:
-    ``schedule[:dtype[:seqlen]]``, e.g. ``overlap`` or ``overlap:bfloat16:2048`` (d = 128,
-    non-causal, 16k tokens; fp16 and s = 512 where not named)."""
+    ``schedule[:dtype[:seqlen[:head_dim]]]``, e.g. ``overlap``, ``overlap:bfloat16:2048`` or
+    ``:float16:4096:256`` (non-causal, 16k tokens, 2048 / d heads; fp16, s = 512 and d = 128
+    where not named)."""
     import torch
 
     from cutetma import ops
     from cutetma.kernels.attention_sm90 import AttentionConfig
 
-    schedule, dtype, s = _parse_spec(spec)
-    q, k, v = (torch.randn(16384 // s, s, 16, 128, device="cuda", dtype=getattr(torch, dtype))
-               for _ in range(3))
-    cfg = AttentionConfig(head_dim=128, schedule=schedule, dtype=dtype)
+    schedule, dtype, s, d = _parse_spec(spec)
+    q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda",
+                           dtype=getattr(torch, dtype)) for _ in range(3))
+    cfg = AttentionConfig(head_dim=d, schedule=schedule, dtype=dtype)
     for _ in range(2):
-        ops._run_attention(q, k, v, 128 ** -0.5, cfg)
+        ops._run_attention(q, k, v, d ** -0.5, cfg)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("profile")
-    ops._run_attention(q, k, v, 128 ** -0.5, cfg)
+    ops._run_attention(q, k, v, d ** -0.5, cfg)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 
@@ -169,9 +180,21 @@ def summarize_sass(rows: list[dict]) -> dict:
         top.append({"address": r.get(address_col), "sass": r.get(source_col),
                     "samples": _number(r.get(total_col, 0)),
                     "reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:4])})
+    executed_col = next((c for c in columns if c.strip() == "Instructions Executed"),
+                        next((c for c in columns if "Instructions Executed" in c
+                              and "Thread" not in c), None))
+    by_opcode = {}
+    if executed_col:  # what the warps ran, by SASS opcode (predicate and modifiers dropped)
+        for r in rows:
+            words = str(r.get(source_col, "")).split()
+            words = words[1:] if words and words[0].startswith("@") else words
+            if words:
+                op = words[0].split(".")[0]
+                by_opcode[op] = by_opcode.get(op, 0) + _number(r[executed_col])
     return {"rows": len(rows), "columns": columns, "samples_total":
             sum(_number(r.get(total_col, 0)) for r in rows) if total_col else None,
             "reason_totals": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+            "executed_by_opcode": dict(sorted(by_opcode.items(), key=lambda kv: -kv[1])),
             "top": top}
 
 
@@ -186,7 +209,7 @@ def run_source(out_dir: Path, specs) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     status = 0
     for spec in specs:
-        name = spec.replace(":", "_")
+        name = spec.replace(":", "_").strip("_") or "default"
         report = out_dir / f"attention_sass_{name}"
         profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
                    "--section", "SourceCounters", "--section", "WarpStateStats",
@@ -209,9 +232,9 @@ def run_source(out_dir: Path, specs) -> int:
         with gzip.open(out_dir / f"attention_sass_{name}.csv.gz", "wt") as f:
             f.write(text)
         summary = summarize_sass(rows)
-        schedule, dtype, seqlen = _parse_spec(spec)
+        schedule, dtype, seqlen, head_dim = _parse_spec(spec)
         summary = {"meta": results.meta(" ".join(profile[:-4])), "schedule": schedule,
-                   "dtype": dtype, "seqlen": seqlen,
+                   "dtype": dtype, "seqlen": seqlen, "head_dim": head_dim,
                    "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,
                    **summary,
                    "stderr_tail": (proc.stderr + page.stderr)[-1500:]}

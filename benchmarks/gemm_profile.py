@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,19 @@ def find_ncu() -> str | None:
     return shutil.which("ncu") or (str(found[-1]) if found else None)
 
 
+def supported(ncu: str, metrics):
+    """``metrics`` less those this ncu and GPU do not know (``--query-metrics``), so one
+    misspelt or missing counter costs its column, not the whole profile; names them."""
+    proc = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
+    known = set(re.findall(r"^\s*(\w+)", proc.stdout, re.M))
+    if proc.returncode or not known:
+        return list(metrics)  # nothing to check against: let ncu say
+    kept = [m for m in metrics if m.split(".")[0] in known]
+    if len(kept) < len(metrics):
+        print("ncu does not know:", sorted(set(metrics) - set(kept)))
+    return kept
+
+
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
             order=("ours_tma", "ours_cp_async", "cublas")) -> int:
     """ncu over ``script --workload`` (its launches inside the NVTX range "profile"), the
@@ -66,6 +80,7 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
     if not ncu:
         print("ncu not found")
         return 1
+    metrics = supported(ncu, metrics)
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
            "--metrics", ",".join(metrics), "--csv", "--page", "raw",
            sys.executable, script, "--workload"]

@@ -140,6 +140,24 @@ def test_every_schedule(schedule, causal, head_dim):
         check(q, k, v, causal, schedule=schedule, **blocks)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_other_pv_wait(head_dim, causal):
+    """The default schedule with the wait for P V on the other side of the softmax
+    (``PV_WAIT``: the late wait releases V one iteration later, and the loop's last P V is
+    waited for after it). 16 heads: several tiles per CTA."""
+    import torch
+
+    from cutetma.kernels.attention_sm90 import PV_WAIT
+
+    other = {"early": "late", "late": "early"}[PV_WAIT[head_dim]]
+    for s_q, s_k in [(1, 1), (113, 203), (1023, 1023), (203, 113)]:
+        q = torch.randn(2, s_q, 16, head_dim, device="cuda", dtype=torch.float16)
+        k = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.float16)
+        v = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.float16)
+        check(q, k, v, causal, pv_wait=other)
+
+
 @pytest.mark.parametrize("blocks", [(64, 192, 96), (256, 128, 64), (256, 128, 80)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_benchmarked_block_shapes(blocks, causal):

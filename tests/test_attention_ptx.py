@@ -11,7 +11,13 @@ import shutil
 import pytest
 
 from cutetma import kernels
-from cutetma.kernels.attention_sm90 import BEST_SCHEDULE, AttentionConfig, attention_ref, pairwise
+from cutetma.kernels.attention_sm90 import (
+    BEST_SCHEDULE,
+    PV_WAIT,
+    AttentionConfig,
+    attention_ref,
+    pairwise,
+)
 
 
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
@@ -113,11 +119,14 @@ def test_default_schedule_is_the_measured_best():
     # non-causal, overlap causal
     assert AttentionConfig(head_dim=64, causal=True).schedule == "overlap"
     assert AttentionConfig(head_dim=64, dtype="bfloat16").schedule == "pingpong"
-    # d = 256: FlashAttention-3's 80-key stages with overlap non-causal; causal 64 and serial
+    # d = 256: FlashAttention-3's 80-key stages with overlap, and (since session 10) causal too,
+    # both with the wait for P V after the softmax; d = 64 and 128 wait before it
     assert (AttentionConfig(head_dim=256).schedule, AttentionConfig(head_dim=256).block_n) == (
         "overlap", 80)
     causal_256 = AttentionConfig(head_dim=256, causal=True, dtype="bfloat16")
-    assert (causal_256.schedule, causal_256.block_n) == ("serial", 64)
+    assert (causal_256.schedule, causal_256.block_n, causal_256.pv_wait) == (
+        "overlap", 80, "late")
+    assert AttentionConfig(head_dim=128).pv_wait == AttentionConfig(head_dim=64).pv_wait == "early"
     assert {k[:2] for k in BEST_SCHEDULE} == {(d, c) for d in (64, 128, 256)
                                              for c in (False, True)}
     assert AttentionConfig(head_dim=64, schedule="serial").schedule == "serial"
@@ -138,6 +147,7 @@ def test_default_schedule_is_the_measured_best():
     (dict(cluster=2, load="cp_async"), "cp.async cannot multicast"),
     (dict(cluster=2, persistent=False), "persistent=True"),
     (dict(l2_hints=True, load="cp_async"), "TMA loads only"),
+    (dict(pv_wait="never"), "pv_wait"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -347,6 +357,9 @@ def test_benchmark_columns():
     assert "tma_cluster2" in full and "tma_cluster2" not in names("float16", 128, True)
     assert "tma_cluster2" not in names("bfloat16", 128, False)
     assert names("float16", 256, False, ["tma_cluster2"]) == ["tma_cluster2"]
+    # the wait for P V on the default's other side of the softmax (PV_WAIT)
+    flip = {v[0]: v[2] for v in bench.variants("float16", 256, True)}["tma_other_pv_wait"]
+    assert flip == {"pv_wait": "early"} and "tma_other_pv_wait" in full
     assert names("float16", 256, True, ["tma_cluster2"]) == []
     # --custom: any AttentionConfig fields as a column of its own, beside the chosen ones
     custom = bench.parse_custom("n80o=block_n:80,schedule:overlap")
@@ -436,6 +449,36 @@ def test_default_configs_keep_wgmma_async_without_spills(dtype):
         log = kernels.ptxas_log(kernels.compile_attention(cfg, dtype, as_from_dlpack=True).ptx)
         assert "C7512" not in log, (cfg, log)
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), (cfg, log)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None or kernels.find_nvdisasm() is None,
+                    reason="needs ptxas and nvdisasm (the test extra's nvidia-cuda-nvdisasm)")
+@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
+    """The SASS of the key-block loop, for every default overlap / pingpong configuration and
+    d = 128 with the other wait: with pv_wait "late" no wait for P V lies between the wait for
+    S and the softmax's exp2s (they run under P V); with "early" one does. And one exp2 per
+    score (block_n / 2 per thread, plus the two rescale factors): ptxas wrote every d = 256
+    exp2 twice while the wait sat in the softmax's block. Up to session 9 the source said
+    overlap and the SASS ran the softmax after P V at every head dim."""
+    configs = [AttentionConfig(head_dim=d, causal=causal, dtype=chosen_for)
+               for (d, causal, chosen_for), schedule in BEST_SCHEDULE.items()
+               if chosen_for == dtype.lower() and schedule != "serial"]
+    configs.append(AttentionConfig(head_dim=128, dtype=dtype.lower(),
+                                   pv_wait={"early": "late", "late": "early"}[PV_WAIT[128]]))
+    for cfg in configs:
+        loop = kernels.innermost_loop(
+            kernels.sass(kernels.compile_attention(cfg, dtype, as_from_dlpack=True).ptx),
+            ("tnspB", "MUFU.EX2"))
+        wait_s = next(i for i, op in enumerate(loop) if op.startswith(
+            "WARPGROUP.DEPBAR.LE gsb0, 0x1"))
+        exps = [i for i, op in enumerate(loop) if op.startswith("MUFU.EX2")]
+        waits_pv = [i for i, op in enumerate(loop) if op.startswith(
+            "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+        before_softmax = [i for i in waits_pv if wait_s < i < exps[0]]
+        assert exps[0] > wait_s, cfg
+        assert bool(before_softmax) == (cfg.pv_wait == "early"), (cfg, waits_pv, wait_s, exps)
+        assert len(exps) == cfg.block_n // 2 + 2, (cfg, len(exps))
 
 
 def test_pairwise_reduces_as_a_balanced_tree():

@@ -50,6 +50,59 @@ def ptxas_log(ptx: str, arch: str = "sm_90a") -> str:
     return out.stdout + out.stderr
 
 
+def find_nvdisasm() -> str | None:
+    """nvdisasm on the PATH, else the one pip's ``nvidia-cuda-nvdisasm`` wheel installs (the
+    test extra), else None."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which("nvdisasm")
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec and not found else []:
+        found = next((str(p) for p in sorted(Path(root).glob("cu*/bin/nvdisasm"))), None)
+        if found:
+            break
+    return found
+
+
+def sass(ptx: str, arch: str = "sm_90a") -> str:
+    """The SASS ptxas makes of a PTX text (ptxas, then ``nvdisasm -c``): where ptxas put the
+    waits is decided here, not in the PTX. Needs ptxas on the PATH and ``find_nvdisasm()``."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        subprocess.run(["ptxas", f"-arch={arch}", "-o", cubin, src], check=True,
+                       capture_output=True)
+        return subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def innermost_loop(sass_text: str, must_contain: tuple[str, ...]) -> list[str]:
+    """The instructions of the shortest loop (a backward branch to a label) whose body holds
+    every string of ``must_contain``; addresses and predicates stripped."""
+    lines = sass_text.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"\s*\.(L_x_\d+):", line))}
+    best = None
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\(\.(L_x_\d+)\)", line)
+        start = labels.get(m.group(1)) if m else None
+        if start is None or start > i:
+            continue
+        body = lines[start:i + 1]
+        if all(any(s in b for b in body) for s in must_contain):
+            if best is None or len(body) < len(best):
+                best = body
+    return [re.sub(r"^(@!?U?P\w+\s+)", "", re.sub(r"/\*[0-9a-f]+\*/", "", b).strip())
+            for b in best or [] if b.strip() and not b.strip().startswith(".")]
+
+
 def fake_matrix(elem_bytes: int):
     """A (rows, cols) row-major tensor of dynamic shape whose row stride is known to be a
     multiple of 16 bytes and whose base is 16-byte aligned: what TMA needs."""

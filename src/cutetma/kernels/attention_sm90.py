@@ -25,8 +25,10 @@ Dataflow for one (Q block, head, batch) tile; a block is 128 query rows (or 192)
 The consumers' schedule (``AttentionConfig.schedule``), FlashAttention-3's two overlaps::
 
     serial     [S_j = QK_j] wait softmax_j [O += P_j V_j] wait            (per block j)
-    overlap    [S_j = QK_j][O += P_{j-1} V_{j-1}] wait S_j  softmax_j  wait PV  P_j = S_j
-               (the tensor cores run P V while this warpgroup's softmax runs)
+    overlap    [S_j = QK_j][O += P_{j-1} V_{j-1}] wait S_j  softmax_j  ...  P_j = S_j
+               with the wait for P V either before softmax_j ("early") or at the next
+               iteration's start ("late": the tensor cores run P V while this warpgroup's
+               softmax runs); ``pv_wait``, ``PV_WAIT`` says why it is a choice
     pingpong   overlap, with the issue of each iteration's two GEMMs taken in turns by the
                warpgroups (named barriers 1, 2 [, 3]), so one's softmax hides the others' GEMMs
 
@@ -99,18 +101,20 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
              ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SMEM_BYTES = 227 * 1024  # the most shared memory a CTA may have on sm_90
 SCHEDULES = ("serial", "overlap", "pingpong")
-# (block_m, block_n) per (head_dim, causal). d = 256: 80-key stages non-causal, 64 causal, as
-# FlashAttention-3 (shared memory: Q 64 KiB + 2 x (K + V) 160 or 128 KiB; registers: a
-# 64 x 256 fp32 O per warpgroup); measured 2026-12-01 (one pass, both dtypes, s = 1k / 4k /
-# 16k): non-causal 80-key overlap 0.86-0.97x cuDNN against 0.81-0.95x for 64-key serial, ahead
-# in all 6 cells; causal: 80-key overlap 0.95-0.99x against serial 64's 0.94-1.05x (ahead in 2
-# of 6), 80-key pingpong 0.99-1.02x (ahead in 3 of 6): not enough to move. d = 64 keeps two
+# (block_m, block_n) per (head_dim, causal). d = 256: 80-key stages, as FlashAttention-3
+# non-causal (shared memory: Q 64 KiB + 2 x (K + V) 160 KiB; registers: a 64 x 256 fp32 O per
+# warpgroup); measured 2026-12-01 (one pass, both dtypes, s = 1k / 4k / 16k): non-causal
+# 80-key overlap 0.86-0.97x cuDNN against 0.81-0.95x for 64-key serial, ahead in all 6 cells.
+# Causal stayed on 64-key serial (80-key overlap 0.95-0.99x against 0.94-1.05x) until the
+# overlap ran as written (PV_WAIT "late", session 10: one pass of 12 cells, both dtypes,
+# geomean against cuDNN 80-key overlap 1.067, 80-key pingpong 1.051, 64-key overlap 1.028,
+# 64-key serial 1.011; 80-key overlap 1.08-1.15x at s >= 2k, 0.93 at s = 512). d = 64 keeps two
 # consumer warpgroups: FlashAttention-3's 192-row tile (three, at 160 registers each, which
 # forces 96-key stages here: at 128 ptxas spills) measured slower on the H200 (2026-11-30,
 # two interleaved runs of the grid against the two-warpgroup build: geomean vs cuDNN 0.85
 # against 0.88 non-causal, 0.62 against 0.85 causal); it stays selectable (block_m=192).
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
-          (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 64)}
+          (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 80)}
 # Q buffers per (head_dim, causal), 1 where not named. Measured (attention_two_q.json, one
 # pass, both dtypes, interleaved per cell): d = 64 non-causal (which keeps its 3 K/V stages)
 # 1.007-1.051x with two in 11 of 12 cells (0.984 in the other); d = 64 causal 0.98-1.07
@@ -145,15 +149,31 @@ Q_STAGES = {(64, False): 2}
 # pingpong in 7 (every causal one); d = 256 non-causal overlap at 80-key stages (BLOCKS)
 # 0.86-0.97 against serial at 64 keys 0.81-0.95. Then d = 64 non-causal, pingpong against
 # overlap, two passes (calls 1 and 3 of that session): pingpong ahead in 11 of 12 cells (by
-# 0-6%), overlap ahead causal in 12 of 12 (by 1-6%).
+# 0-6%), overlap ahead causal in 12 of 12 (by 1-6%). d = 256 causal: overlap since session 10
+# (BLOCKS' note).
 BEST_SCHEDULE = {
     (64, False, "float16"): "pingpong", (64, False, "bfloat16"): "pingpong",
     (64, True, "float16"): "overlap", (64, True, "bfloat16"): "overlap",
     (128, False, "float16"): "overlap", (128, False, "bfloat16"): "overlap",
     (128, True, "float16"): "overlap", (128, True, "bfloat16"): "overlap",
     (256, False, "float16"): "overlap", (256, False, "bfloat16"): "overlap",
-    (256, True, "float16"): "serial", (256, True, "bfloat16"): "serial",
+    (256, True, "float16"): "overlap", (256, True, "bfloat16"): "overlap",
 }
+# Where overlap / pingpong wait for P_{j-1} V_{j-1}, per head dim (the SASS, not the source,
+# decides what overlaps). ptxas hoists a wgmma wait to the top of its basic block: a wait
+# written after block j's softmax, as FlashAttention-3 writes it, ran before it in every
+# build up to session 9 (nvdisasm: no exp2 between the two waits), so the softmax never ran
+# under this warpgroup's own P V; at d = 256 ptxas also computed every exp2 twice there.
+#   "early": the wait before the softmax, as those builds ran (the other warpgroup's GEMMs
+#            fill the tensor cores during this one's softmax);
+#   "late":  the wait at the top of the next iteration, behind the loop's back edge, which
+#            ptxas does not hoist it across: the softmax of block j runs under P_{j-1} V_{j-1}.
+# Measured 2026-12-01, one pass of the grid, both dtypes, ratios to cuDNN (geomean of 12
+# cells): "late" d = 256 non-causal 1.018 against 0.929, d = 256 causal (overlap, 80-key
+# stages) 1.067 against serial's 1.011; but d = 64 0.949 / 0.975 against 0.977 / 0.983 and
+# d = 128 0.963 / 1.024 against 1.009 / 1.041 (non-causal / causal).
+PV_WAIT = {64: "early", 128: "early", 256: "late"}
+PV_WAITS = ("early", "late")
 DTYPES = ("float16", "bfloat16")
 # The epilogue's 4 x 4 transpose across the 4 lanes of a quad (word q of lane t <- word t of
 # lane q), as butterfly steps (lane offset m, words a, b = a | m): lanes m apart swap, the lane
@@ -195,6 +215,10 @@ class AttentionConfig:
     # d >= 128 non-causal). On the H200 that traffic is not the limit (ncu: a third less of it
     # saved 1.3% at d = 256): 1-5% slower, ahead only at d = 64, 16k (2026-12-01)
     cluster: int = 1
+    # overlap / pingpong: where this warpgroup waits for its P_{j-1} V_{j-1} (PV_WAIT):
+    # "early", before block j's softmax, or "late", at the next iteration's start, so the
+    # softmax runs under it; "": PV_WAIT's choice for the head dim
+    pv_wait: str = ""
     # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
     # evict_first; K and V, which every query block of the head reads again, evict_last.
     # Measured 2-3% slower than the DSL's default policy on the H200 (2026-12-01)
@@ -217,6 +241,10 @@ class AttentionConfig:
         if not self.schedule:
             object.__setattr__(self, "schedule",
                                BEST_SCHEDULE[(self.head_dim, self.causal, self.dtype)])
+        if not self.pv_wait:
+            object.__setattr__(self, "pv_wait", PV_WAIT[self.head_dim])
+        if self.pv_wait not in PV_WAITS:
+            raise ValueError(f"pv_wait={self.pv_wait!r}: one of {PV_WAITS}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
         if self.block_m not in (128, 192):
@@ -785,6 +813,14 @@ class FlashAttentionSm90:
                         read.advance()
                         for j in cutlass.range(1, n_blocks, unroll=1):
                             self.loader.consumer_wait(pipe_k, read)
+                            if cutlass.const_expr(cfg.pv_wait == "late"):
+                                # P_{j-2} V_{j-2}, issued in the last iteration, done (nothing
+                                # is in flight at j = 1): waited for here, behind the loop's
+                                # back edge, which ptxas does not hoist a wait across (PV_WAIT)
+                                warpgroup.wait_group(0)
+                                if j > 1:
+                                    self.loader.consumer_release(pipe_v, release)  # V_{j-2}
+                                    release.advance()
                             if cutlass.const_expr(cfg.pingpong):
                                 self._turn(pass_on=False)
                             # P_{j-1} from S_{j-1}, just before S_j overwrites it (here, not
@@ -804,10 +840,20 @@ class FlashAttentionSm90:
                             self._release_q_after(j, n_blocks, q_empty + q_stage)
                             self._mask(acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
                             self._online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                            warpgroup.wait_group(0)  # P_{j-1} V_{j-1} done: P and V_{j-1} free
-                            self.loader.consumer_release(pipe_v, release)
-                            release.advance()
+                            if cutlass.const_expr(cfg.pv_wait == "early"):
+                                # written after the softmax, as FlashAttention-3 writes it;
+                                # ptxas hoists it to the softmax's start (PV_WAIT), so P V is
+                                # done before the softmax runs. Written before the softmax
+                                # instead, the SASS differs and measured 2-6% slower at d = 128
+                                warpgroup.wait_group(0)
+                                self.loader.consumer_release(pipe_v, release)  # V_{j-1}
+                                release.advance()
                             read.advance()
+                        if cutlass.const_expr(cfg.pv_wait == "late"):
+                            warpgroup.wait_group(0)  # the loop's last P V
+                            if n_blocks > 1:
+                                self.loader.consumer_release(pipe_v, release)
+                                release.advance()
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         self._rescale(acc_o, correction)
                         self.loader.consumer_wait(pipe_v, release)
