@@ -8,6 +8,24 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmarks``)::
+
+    python benchmarks/attention_profile.py OUT.json --cells 64:8192 128:2048 256:4096
+                                                   # + MUFU / FMA / ALU pipe counters, 30 s
+    python benchmarks/gemm_sustained.py --seconds 6 --kernels cublas ours \
+        ours:load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=1x2 \
+        ours:tile=64x256,schedule=pingpong --name gemm_sustained_configs     # 140 s
+    python benchmarks/attention_profile.py --source OUT_DIR :float16:4096:256 \
+        :float16:8192:64 :float16:2048:128      # SASS executed counts by opcode, 40 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
+        --test-timeout 100 --tests-budget 250   # 73 passed, 223 s
+    python benchmarks/attention.py --variants tma tma_other_pv_wait --out DIR   # 84 s
+    (cd .snapA && python benchmarks/attention.py --variants tma --out DIR)      # 53 s
+    python benchmarks/attention.py --out DIR    # the full grid, every column, about 4 min
+
+Next: d = 64 (the MUFU and tensor pipes each ~50% busy, for cuDNN too): FA4's polynomial exp2
+on the FMA pipe for part of the scores; the SASS test shows where the waits sit without a GPU.
+
 Session 9's calls (each command under a ``timeout``; a second build as ``.snapA`` beside the
 working tree, as in session 8)::
 
@@ -28,13 +46,8 @@ working tree, as in session 8)::
     python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
         --test-timeout 100 --tests-budget 250                   # 67 passed, 189 s
 
-Next (``gemm_sustained.py`` found ours running the card 15-45 MHz slower than cuBLAS at the
-same 690 W): which of our configurations spends least energy per FLOP at the cap, where a
-cool, short run ranks them (2 cells x 5 kernels x 2 rounds x 6 s, about 2.5 minutes)::
-
-    python benchmarks/gemm_sustained.py --seconds 6 --kernels cublas ours \
-        ours:load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=1x2 \
-        ours:tile=64x256,schedule=pingpong --name gemm_sustained_configs
+(Session 9's next step, which of our GEMM configurations spends least energy per FLOP at the
+cap, ran in session 10: the 2 x 1 multicast cluster, above.)
 
 Session 8's calls: an A/B of several builds in one call, each build a snapshot of ``src/``
 (``git archive REV src``) carried beside ``.gpu`` as ``.snapA``, ``.snapB``, ...; the same
