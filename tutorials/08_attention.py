@@ -118,7 +118,7 @@ Each schedule adds one step to the one before it, so the three form an ablation 
               [O += P_j V_j] wait | release V_j
     overlap   [S_j = Q K_j^T]  O *= c_{j-1}  [O += P_{j-1} V_{j-1}] | wait for S_j |
               release K_j | mask, softmax_j while P V runs | wait for P V | release V_{j-1} |
-              P_j to fp16
+              P_j to fp16 (where the wait for P V really sits: below)
     pingpong  overlap, plus the two warpgroups take turns issuing each iteration's pair of
               GEMMs (named barriers 1 and 2): one's softmax runs under the other's GEMMs
 
@@ -163,8 +163,20 @@ against cuDNN in the same cells, one device call per ladder), and the ranking wi
   producer's one thread only issues copies). That made d = 256 with FA3's 80-key stages and
   overlap compile without spills, and it beat 64-key serial in all six non-causal cells
   (0.86-0.97x of cuDNN against 0.81-0.95x): d = 256 non-causal now runs that, causal stays
-  64-key serial.
+  64-key serial (until session 10, below).
 * FA3's 176-key stages at d = 128 compile too now, and lose (0.80-0.92x of cuDNN).
+* (Session 10.) "While P V runs" had never happened. ptxas hoists a WGMMA wait to the top of
+  its basic block, and the wait for P V, written after the softmax as FA3 writes it, landed
+  right after the mask's branch: before the softmax. Only the SASS shows it (``nvdisasm`` on
+  ptxas's cubin; ``kernels.sass``): no MUFU.EX2 lay between the wait for S and the wait for
+  P V at any head dim, and at d = 256 ptxas also computed every exp2 twice. An empty-asm
+  register fence (CUTLASS's ``warpgroup_fence_operand``) changes nothing, since ptxas sees
+  no instruction. What works is a wait ptxas cannot hoist: at the top of the next
+  iteration, behind the loop's back edge (``pv_wait="late"``). It pays at d = 256: 0.93 ->
+  1.02x of cuDNN non-causal, and causal moves to 80-key overlap at 1.08x (from 64-key serial
+  at 1.01x). At d = 64 and 128, with two warpgroups taking turns on the tensor cores, it
+  loses 2-5%, so they keep the hoisted wait (``pv_wait="early"``, the same PTX as before).
+  ``tests/test_attention_ptx.py`` reads the SASS of every default to keep it that way.
 
 * d = 128 gains the most from overlap. Causal pingpong is level with it (ahead at short s,
   behind at 16k), so the default stays overlap.
@@ -213,47 +225,45 @@ the async one. TMA zero-fills key rows past s_k. The cp.async producer writes ze
 rows there, and K's rows there are masked to -inf anyway.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-12-01,
-``python benchmarks/attention.py``, 00:57 UTC, after the 59 GPU tests passed on the same build).
-Section 6 of this script prints this from the JSON. (In this run d = 64 non-causal still ran
-overlap; pingpong, starred here, became its default after a second pass, and
-``attention_final.json`` times it: geomean 0.987 over the grid, d = 64 non-causal 0.95 ->
-0.97.)
+``python benchmarks/attention.py``, 04:18 UTC, session 10's final build: its 73 GPU tests passed
+in an earlier call, the 16 touching the d = 256 change again in this one). Section 6 of this
+script prints this from the JSON.
 
     == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-12-01)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d)
     dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
-    float16   64  16384  non-causal    472    306    449       429       0.95
-    float16  128    512  non-causal    512    303    515       477       1.01
-    float16  128   8192  non-causal    648    302    677       580       1.04
-    float16  128   8192  causal        596    288    651       529       1.09
-    float16  256  16384  causal        643    285    611       576       0.95
-    bfloat16 128  16384  causal        635    304    688       543       1.08
-    over all 72 cells: tma/cudnn geomean 0.992 (0.881 to 1.096)
-    geomean by s: 512 0.97, 1024 1.00, 2048 1.00, 4096 1.00, 8192 0.99, 16384 0.99
-    d = 128, s >= 2k: 0.981 to 1.096, at or above cuDNN in 14 of 16 cells
-    peak: 701 TFLOP/s (bfloat16, d = 128, non-causal, s = 8192)
-    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.104x
+    float16   64  16384  non-causal    494    298    450       425       0.91
+    float16  128    512  non-causal    510    297    509       470       1.00
+    float16  128   8192  non-causal    658    306    681       579       1.03
+    float16  128   8192  causal        585    287    634       510       1.08
+    float16  256  16384  causal        631    271    702       590       1.11
+    bfloat16 128  16384  causal        626    311    640       543       1.02
+    over all 72 cells: tma/cudnn geomean 1.019 (0.911 to 1.175)
+    geomean by s: 512 0.97, 1024 1.01, 2048 1.03, 4096 1.04, 8192 1.05, 16384 1.02
+    d = 128, s >= 2k: 0.993 to 1.088, at or above cuDNN in 15 of 16 cells
+    peak: 766 TFLOP/s (bfloat16, d = 256, non-causal, s = 16384)
+    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.133x
     ablation, fp16 TMA: serial / overlap / pingpong, persistent (default *) | one CTA per tile
-      d= 64 s= 8192 non-causal  419  /  459  /  471* |  443
-      d= 64 s= 8192 causal      389  /  454* /  418  |  416
-      d=128 s= 8192 non-causal  525  /  654* /  615  |  622
-      d=128 s= 8192 causal      527  /  642* /  602  |  570
-      d=256 s= 8192 non-causal  624  /  650* /  616  |  622
-      d=256 s=16384 causal      599* /  589  /  593  |  590
-    the default over serial / overlap / pingpong, median over fp16 cells: 1.088 / 1.012 / 1.037
-    the persistent grid over one CTA per tile, median over all 72 cells: 1.136x (slower in 2)
-    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 1.00x to 1.80x
-    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.97x to 1.13x
-    the tma column re-times the default kernel: 0.941x to 1.096x its ablation timing (median 1.008)
+      d= 64 s= 8192 non-causal  413  /  436  /  449* |  435
+      d= 64 s= 8192 causal      393  /  445* /  417  |  403
+      d=128 s= 8192 non-causal  495  /  668* /  622  |  605
+      d=128 s= 8192 causal      524  /  634* /  611  |  577
+      d=256 s= 8192 non-causal  604  /  696* /  677  |  701
+      d=256 s=16384 causal      610  /  709* /  677  |  707
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.127 / 1.016 / 1.041
+    the persistent grid over one CTA per tile, median over all 72 cells: 1.117x (slower in 2)
+    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.94x to 1.81x
+    d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.95x to 1.13x
+    the tma column re-times the default kernel: 0.976x to 1.064x its ablation timing (median 1.010)
 
-Over the 72 cells the TMA kernel reaches a geomean 0.992 of cuDNN (0.981 before the changes
-to the consumer above, 0.926 before the epilogue below; a repeat of this build: 0.993). By
-sequence length it is 0.97 (512), 1.00 (1k), 1.00 (2k), 1.00 (4k), 0.99 (8k) and 0.99 (16k);
-by head dim 0.97 (64), 1.04 (128) and 0.97 (256). At d = 128 and s >= 2k it runs at
-0.981-1.096 of cuDNN and is at or above it in 14 of 16 cells (13 in the repeat): every causal
-cell and most non-causal ones; fp16 non-causal 2k (0.999) and bf16 non-causal 16k (0.98)
-stay below. The peak is 701 TFLOP/s (711 in the repeat). d = 256 non-causal at long
-sequences is the weakest corner (0.88-0.94), where cuDNN reaches 700-755 TFLOP/s.
+Over the 72 cells the TMA kernel reaches a geomean 1.019 of cuDNN (0.992 in session 8's run of
+the build before the wait moved; 0.926 before the epilogue below). By sequence length it is
+0.97 (512), 1.01 (1k), 1.03 (2k), 1.04 (4k), 1.05 (8k) and 1.02 (16k); by head dim and mask
+0.97 / 0.99 (64), 1.01 / 1.05 (128) and 1.02 / 1.08 (256, non-causal / causal). At d = 128 and
+s >= 2k it runs at 0.993-1.088 of cuDNN and is at or above it in 15 of 16 cells; fp16
+non-causal 16k (0.993) stays below. The peak is 766 TFLOP/s, at d = 256. d = 64 is now the
+weakest head dim (0.91-1.01): there the exp2s keep the MUFU pipe as busy as the GEMMs keep
+the tensor pipe, for cuDNN as well (``attention_profile_pipes.json``: 53% and 51%).
 
 What closed most of the gap at short sequences was the epilogue. Nsight Compute's source
 counters (``attention_sass.json``, d = 128, s = 512) put a quarter of the consumers' stall

@@ -50,7 +50,7 @@ holds, per 16 columns, the same four pairs of two such 8-column blocks. So P, co
 element by element, *is* the A fragment of P V: no data moves between threads (16-bit types).
 
 Constraints: 16-byte aligned base and strides (d contiguous), h % h_kv == 0,
-d in {64, 128, 256} (256 with 64-key stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory,
+d in {64, 128, 256} (256 with 80-key stages: Q 64 KiB + 2 x (K + V) 160 KiB of shared memory,
 a 64x256 fp32 O accumulator per warpgroup). Persistent by default: one CTA per SM (the
 registers, 64K over 384 or 512 threads, allow no second) walks the work items round robin: a
 (query block, head, batch) tile, or, causal, query blocks M-1-i and i of one head, so every
