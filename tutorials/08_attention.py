@@ -165,9 +165,9 @@ against cuDNN in the same cells, one device call per ladder), and the ranking wi
   (0.86-0.97x of cuDNN against 0.81-0.95x): d = 256 non-causal now runs that, causal stays
   64-key serial (until session 10, below).
 * FA3's 176-key stages at d = 128 compile too now, and lose (0.80-0.92x of cuDNN).
-* (Session 10.) "While P V runs" had never happened. ptxas hoists a WGMMA wait to the top of
-  its basic block, and the wait for P V, written after the softmax as FA3 writes it, landed
-  right after the mask's branch: before the softmax. Only the SASS shows it (``nvdisasm`` on
+* (Session 10.) "While P V runs" had never happened. ptxas (CUDA 13.0) moved the WGMMA wait
+  to the top of its basic block: the wait for P V, written after the softmax as FA3 writes
+  it, landed right after the mask's branch, before the softmax. Only the SASS shows it (``nvdisasm`` on
   ptxas's cubin; ``kernels.sass``): no MUFU.EX2 lay between the wait for S and the wait for
   P V at any head dim, and at d = 256 ptxas also computed every exp2 twice. An empty-asm
   register fence (CUTLASS's ``warpgroup_fence_operand``) changes nothing, since ptxas sees

@@ -57,13 +57,12 @@ def find_nvdisasm() -> str | None:
     import shutil
     from pathlib import Path
 
-    found = shutil.which("nvdisasm")
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec and not found else []:
-        found = next((str(p) for p in sorted(Path(root).glob("cu*/bin/nvdisasm"))), None)
-        if found:
-            break
-    return found
+    if shutil.which("nvdisasm"):
+        return shutil.which("nvdisasm")
+    spec = importlib.util.find_spec("nvidia")  # a namespace package: one or more roots
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    found = [str(p) for root in roots for p in sorted(Path(root).glob("cu*/bin/nvdisasm"))]
+    return found[0] if found else None
 
 
 def sass(ptx: str, arch: str = "sm_90a") -> str:
