@@ -331,6 +331,26 @@ def test_benchmark_summary_and_replot(tmp_path):
     assert path.with_suffix(".png").stat().st_size > 10_000
 
 
+def test_sass_profile_counts_executed_instructions_by_opcode():
+    """``attention_profile.py --source``'s summary: executed warp instructions summed by SASS
+    opcode, predicate and modifiers dropped (how session 10 saw d = 256 run every exp2 twice)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention_profile
+
+    rows = [{"Address": "0x0", "Source": "@!P0 MUFU.EX2 R1, R2", "Instructions Executed": "1,000",
+             "Warp Stall Sampling (All Samples)": "5", "stall_wait": "3"},
+            {"Address": "0x10", "Source": "MUFU.EX2 R3, R4", "Instructions Executed": "24",
+             "Warp Stall Sampling (All Samples)": "1", "stall_wait": "0"},
+            {"Address": "0x20", "Source": "FMUL R1, R2, R3", "Instructions Executed": "10",
+             "Warp Stall Sampling (All Samples)": "0", "stall_wait": "0"}]
+    summary = attention_profile.summarize_sass(rows)
+    assert summary["executed_by_opcode"] == {"MUFU": 1024.0, "FMUL": 10.0}
+    assert attention_profile._parse_spec(":float16:4096:256") == ("", "float16", 4096, 256)
+
+
 def test_benchmark_columns():
     """What each row of the attention grid times: the defaults for both dtypes, the ablations
     for fp16 only (tma_other_q flips the default's Q buffers, d <= 128), exactly the columns
