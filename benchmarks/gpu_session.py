@@ -23,8 +23,14 @@ Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmar
     (cd .snapA && python benchmarks/attention.py --variants tma --out DIR)      # 53 s
     python benchmarks/attention.py --out DIR    # the full grid, every column, about 4 min
 
-Next: d = 64 (the MUFU and tensor pipes each ~50% busy, for cuDNN too): FA4's polynomial exp2
-on the FMA pipe for part of the scores; the SASS test shows where the waits sit without a GPU.
+Next: d = 64 (the MUFU and tensor pipes each ~50% busy, for cuDNN too): FA4's exp2 on the FMA
+pipe for every n-th score, written and host-tested in session 10, not yet run (a wrong result
+fails the test, it cannot hang)::
+
+    python -m pytest -q -m gpu tests/test_attention_gpu.py -k exp2_fma      # 4 tests
+    python benchmarks/attention.py --head-dims 64 128 --variants tma \
+        --custom f8=exp2_fma:8 f4=exp2_fma:4 f2=exp2_fma:2                  # about 2 min
+
 
 Session 9's calls (each command under a ``timeout``; a second build as ``.snapA`` beside the
 working tree, as in session 8)::

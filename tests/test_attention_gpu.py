@@ -158,6 +158,21 @@ def test_other_pv_wait(head_dim, causal):
         check(q, k, v, causal, pv_wait=other)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_exp2_fma(head_dim, causal):
+    """Every 4th exp2 from the cubic on the FMA pipe (``exp2_fma=4``; FlashAttention-4's
+    offload), both dtypes: inside the same error bound as every other configuration."""
+    import torch
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for s_q, s_k in [(113, 203), (1023, 1023), (203, 113)]:
+            q = torch.randn(2, s_q, 8, head_dim, device="cuda", dtype=dtype)
+            k = torch.randn(2, s_k, 8, head_dim, device="cuda", dtype=dtype)
+            v = torch.randn(2, s_k, 8, head_dim, device="cuda", dtype=dtype)
+            check(q, k, v, causal, exp2_fma=4)
+
+
 @pytest.mark.parametrize("blocks", [(64, 192, 96), (256, 128, 64), (256, 128, 80)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_benchmarked_block_shapes(blocks, causal):

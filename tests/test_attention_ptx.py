@@ -148,6 +148,7 @@ def test_default_schedule_is_the_measured_best():
     (dict(cluster=2, persistent=False), "persistent=True"),
     (dict(l2_hints=True, load="cp_async"), "TMA loads only"),
     (dict(pv_wait="never"), "pv_wait"),
+    (dict(exp2_fma=17), "exp2_fma"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -499,6 +500,54 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
         assert exps[0] > wait_s, cfg
         assert bool(before_softmax) == (cfg.pv_wait == "early"), (cfg, waits_pv, wait_s, exps)
         assert len(exps) == cfg.block_n // 2 + 2, (cfg, len(exps))
+
+
+def test_exp2_on_fma_is_exp2_within_fp16s_half_ulp():
+    """FlashAttention-4's exp2 without MUFU, step by step in fp32 as its PTX does it (clamp,
+    round by adding 1.5 * 2^23, the cubic, n added to the exponent bits): within 1.02e-4 of
+    2^x relative for x >= -126 (fp16's half ulp is 2.4e-4), exactly 0 at -127 and below
+    (masked scores are -inf), never negative, never NaN. The PTX carries these constants."""
+    import numpy as np
+
+    from cutetma.kernels.attention_sm90 import (
+        EXP2_CUBIC,
+        EXP2_FLOOR,
+        EXP2_ROUNDER,
+        _f32_hex,
+        exp2_on_fma_ptx,
+    )
+
+    f32 = np.float32
+    x = np.concatenate([np.linspace(-126, 0, 400_001, dtype=f32),
+                        np.array([-127, -150, -1e30, -np.inf, -0.0], dtype=f32)])
+    with np.errstate(invalid="ignore", over="ignore"):
+        xc = np.maximum(x, f32(EXP2_FLOOR))
+        t = xc + f32(EXP2_ROUNDER)
+        frac = xc - (t - f32(EXP2_ROUNDER))
+        c1, c2, c3 = (f32(c) for c in EXP2_CUBIC)
+        poly = (frac * c3 + c2) * frac
+        poly = (poly + c1) * frac + f32(1)
+        bits = poly.view(np.int32) + (t.view(np.int32) << 23)
+    got = bits.view(f32).astype(np.float64)
+    want = np.exp2(x.astype(np.float64))
+    normal = x >= -126
+    assert np.all(np.isfinite(got)) and np.all(got >= 0)
+    assert np.max(np.abs(got[normal] / want[normal] - 1)) < 1.02e-4
+    assert np.all(got[x <= -127] == 0)
+    ptx = exp2_on_fma_ptx()
+    for constant in (*EXP2_CUBIC, EXP2_ROUNDER, EXP2_FLOOR):
+        assert f"0f{_f32_hex(constant)}" in ptx
+
+
+def test_exp2_fma_moves_every_nth_exp2_off_mufu():
+    """``exp2_fma=4``: a quarter of the softmax's exp2s leave ``ex2.approx`` for the cubic."""
+    base = kernels.compile_attention(AttentionConfig(head_dim=64)).ptx
+    ptx = kernels.compile_attention(AttentionConfig(head_dim=64, exp2_fma=4)).ptx
+    assert "0f4B400000" in ptx and "0f4B400000" not in base
+    assert ptx.count("ex2.approx") < base.count("ex2.approx")
+    if shutil.which("ptxas"):
+        log = kernels.ptxas_log(ptx)
+        assert "C7512" not in log and re.search(r"\b0 bytes spill stores", log), log
 
 
 def test_pairwise_reduces_as_a_balanced_tree():

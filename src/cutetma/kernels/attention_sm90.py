@@ -80,6 +80,7 @@ cutlass, cute = dsl.cutlass()
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cuda.bindings import driver as cuda  # noqa: E402
 from cutlass import pipeline  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
@@ -174,6 +175,16 @@ BEST_SCHEDULE = {
 # d = 128 0.963 / 1.024 against 1.009 / 1.041 (non-causal / causal).
 PV_WAIT = {64: "early", 128: "early", 256: "late"}
 PV_WAITS = ("early", "late")
+# exp2 on the FMA pipe (FlashAttention-4's offload, ``exp2_fma``): 2^x = 2^n 2^f with n = x
+# rounded to the nearest integer and f in [-0.5, 0.5]; 2^f by the cubic 1 + c1 f + c2 f^2 +
+# c3 f^3 (a relative-error minimax fit with p(0) = 1: at most 1.02e-4 off, under fp16's half
+# ulp of 2.4e-4), and n added to the result's exponent bits. x is clamped at -127 first, so -inf
+# (a masked score) gives +0 and the exponent never wraps. The rounding: adding 1.5 * 2^23
+# leaves round(x) in the low mantissa bits of the sum, whose bits shifted left by 23 are
+# n << 23 (the constant's own bits shift out).
+EXP2_CUBIC = (0.6932829022407532, 0.24221020936965942, 0.05500861629843712)
+EXP2_ROUNDER = 12582912.0  # 1.5 * 2^23
+EXP2_FLOOR = -127.0
 DTYPES = ("float16", "bfloat16")
 # The epilogue's 4 x 4 transpose across the 4 lanes of a quad (word q of lane t <- word t of
 # lane q), as butterfly steps (lane offset m, words a, b = a | m): lanes m apart swap, the lane
@@ -219,6 +230,11 @@ class AttentionConfig:
     # "early", before block j's softmax, or "late", at the next iteration's start, so the
     # softmax runs under it; "": PV_WAIT's choice for the head dim
     pv_wait: str = ""
+    # every n-th of a thread's scores in a row takes its exp2 from a cubic on the FMA pipe
+    # instead of MUFU (FlashAttention-4's offload, ``exp2_on_fma``); 0: all on MUFU. At d = 64
+    # the exp2s keep MUFU as busy as the GEMMs keep the tensor pipe (ncu, 2026-12-01).
+    # Not yet run on a GPU
+    exp2_fma: int = 0
     # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
     # evict_first; K and V, which every query block of the head reads again, evict_last.
     # Measured 2-3% slower than the DSL's default policy on the H200 (2026-12-01)
@@ -270,6 +286,9 @@ class AttentionConfig:
             raise ValueError("cluster=2 (K/V multicast) needs load='tma', causal=False and "
                              "persistent=True: cp.async cannot multicast, and the two CTAs "
                              "must walk the same key blocks in step")
+        if not 0 <= self.exp2_fma <= 16:
+            raise ValueError(f"exp2_fma={self.exp2_fma}: 0 (every exp2 on MUFU) or 1 .. 16 "
+                             "(every n-th on the FMA pipe)")
         if self.l2_hints and self.load != "tma":
             raise ValueError("l2_hints=True: TMA loads only (load='tma')")
 
@@ -956,8 +975,13 @@ class FlashAttentionSm90:
             correction[r] = corr
             row_max[r] = new_max
             max_scaled = safe_max * scale_log2
-            for i in row:
-                acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - max_scaled, fastmath=True)
+            every = self.cfg.exp2_fma
+            for k, i in enumerate(row):
+                x = acc_s[i] * scale_log2 - max_scaled
+                if cutlass.const_expr(exp2_on_fma_at(k, every)):
+                    acc_s[i] = exp2_on_fma(x)
+                else:
+                    acc_s[i] = cute.math.exp2(x, fastmath=True)
             block_sum = pairwise([acc_s[i] for i in row], lambda a, b: a + b)
             row_sum[r] = row_sum[r] * corr + block_sum  # per thread; reduced at the end
 
@@ -1027,6 +1051,46 @@ class FlashAttentionSm90:
             got = cute.arch.shuffle_sync_bfly(cutlass.Int32(send), offset=m)
             words[a] = cutlass.select_(upper, got, words[a])
             words[b] = cutlass.select_(upper, words[b], got)
+
+
+def _f32_hex(value: float) -> str:
+    """A PTX float literal's hex digits (0fXXXXXXXX) for ``value`` as fp32."""
+    import struct
+
+    return struct.pack(">f", value).hex().upper()
+
+
+def exp2_on_fma_ptx() -> str:
+    """The PTX of ``exp2_on_fma``, its constants written in (``EXP2_CUBIC``'s note)."""
+    c1, c2, c3 = (_f32_hex(c) for c in EXP2_CUBIC)
+    rounder = _f32_hex(EXP2_ROUNDER)
+    return "\n".join([
+        "{ .reg .f32 x, t, f, p; .reg .b32 ti, pi;",
+        f"max.f32 x, $1, 0f{_f32_hex(EXP2_FLOOR)};",
+        f"add.rn.f32 t, x, 0f{rounder};",   # round(x) into the low mantissa bits
+        f"sub.rn.f32 f, t, 0f{rounder};",   # round(x) as a float
+        "sub.rn.f32 f, x, f;",              # f in [-0.5, 0.5]
+        f"fma.rn.f32 p, f, 0f{c3}, 0f{c2};",
+        f"fma.rn.f32 p, p, f, 0f{c1};",
+        "fma.rn.f32 p, p, f, 0f3F800000;",  # 2^f
+        "mov.b32 ti, t;", "mov.b32 pi, p;", "shl.b32 ti, ti, 23;",
+        "add.s32 pi, pi, ti;",              # 2^round(x) * 2^f
+        "mov.b32 $0, pi; }"])
+
+
+def exp2_on_fma_at(k: int, every: int) -> bool:
+    """Whether a row's k-th score takes the cubic under ``exp2_fma=every`` (a plain function:
+    traced code does not short-circuit ``and``)."""
+    return every > 0 and k % every == every - 1
+
+
+@cute.jit
+def exp2_on_fma(x):
+    """2^x for x <= 0 (a softmax's exponent) on the FMA and integer pipes, without MUFU: the
+    steps of ``EXP2_CUBIC``'s note, in one asm block so nothing reassociates the rounding."""
+    return cutlass.Float32(llvm.inline_asm(
+        cutlass.Float32.mlir_type, [cutlass.Float32(x).ir_value()], exp2_on_fma_ptx(), "=f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def pairwise(values, combine):
