@@ -34,9 +34,8 @@ def ptx_ops(ptx: str) -> list[str]:
     return list(dict.fromkeys(m.group(0) for m in PTX_OPS.finditer(ptx)))
 
 
-def ptxas_log(ptx: str, arch: str = "sm_90a") -> str:
-    """What ``ptxas -v`` says about a PTX text (registers, spills, and warnings such as C7512
-    / C7520, "wgmma.mma_async instructions are serialized ..."); needs ptxas on the PATH."""
+def _ptxas(ptx: str, arch: str, cubin: str | None = None, verbose: bool = False) -> str:
+    """Run ptxas (on the PATH) on a PTX text: its log; the cubin goes to ``cubin`` if given."""
     import os
     import subprocess
     import tempfile
@@ -45,9 +44,16 @@ def ptxas_log(ptx: str, arch: str = "sm_90a") -> str:
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        out = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-o", os.devnull, path],
+        out = subprocess.run(["ptxas", f"-arch={arch}", *(["-v"] if verbose else []),
+                              "-o", cubin or os.devnull, path],
                              capture_output=True, text=True, check=True)
     return out.stdout + out.stderr
+
+
+def ptxas_log(ptx: str, arch: str = "sm_90a") -> str:
+    """What ``ptxas -v`` says about a PTX text (registers, spills, and warnings such as C7512
+    / C7520, "wgmma.mma_async instructions are serialized ..."); needs ptxas on the PATH."""
+    return _ptxas(ptx, arch, verbose=True)
 
 
 def find_nvdisasm() -> str | None:
@@ -73,11 +79,8 @@ def sass(ptx: str, arch: str = "sm_90a") -> str:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
-        with open(src, "w") as f:
-            f.write(ptx)
-        subprocess.run(["ptxas", f"-arch={arch}", "-o", cubin, src], check=True,
-                       capture_output=True)
+        cubin = os.path.join(tmp, "kernel.cubin")
+        _ptxas(ptx, arch, cubin=cubin)
         return subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True,
                               check=True).stdout
 
