@@ -332,6 +332,37 @@ def test_benchmark_summary_and_replot(tmp_path):
     assert path.with_suffix(".png").stat().st_size > 10_000
 
 
+def test_final_rounds_take_medians_and_keep_the_single_pass():
+    """The grid's alternating rounds: every listed column (cuDNN first) is timed again in
+    turn, its figure becomes the median of all its timings, the single pass stays in
+    ``selection``; nothing happens without cuDNN beside it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention as bench
+
+    order, times = [], {"cudnn": iter([1.0, 3.0]), "tma": iter([2.0, 0.5])}
+
+    def timer(fn):
+        order.append(fn)
+        return next(times[fn])
+
+    timed = {"cudnn": ("cudnn", [2.0]), "tma": ("tma", [1.0]), "tma_serial": ("x", [9.0])}
+    row = {"cudnn": 1e3, "tma": 2e3, "tma_serial": 5.0}
+    bench.final_rounds(row, timed, ["cudnn", "tma"], 2, flops=1e12, timer=timer)
+    assert order == ["cudnn", "tma", "cudnn", "tma"]
+    assert row["cudnn"] == pytest.approx(1e12 / 2.0 / 1e9)  # median of 2, 1, 3 ms
+    assert row["tma"] == pytest.approx(1e12 / 1.0 / 1e9)  # median of 1, 2, 0.5 ms
+    assert row["selection"] == {"cudnn": 1e3, "tma": 2e3} and row["rounds"] == 3
+    assert row["tma_serial"] == 5.0  # timed once, left alone
+    # the ablations are compared with the default's single pass, timed beside them
+    assert bench.single_pass(row, "tma") == 2e3
+    lone = {"tma": 1.0}
+    bench.final_rounds(lone, {"tma": ("tma", [1.0])}, ["tma"], 2, 1e12, timer=timer)
+    assert lone == {"tma": 1.0}
+
+
 def test_sass_profile_counts_executed_instructions_by_opcode():
     """``attention_profile.py --source``'s summary: executed warp instructions summed by SASS
     opcode, predicate and modifiers dropped (how session 10 saw d = 256 run every exp2 twice)."""

@@ -25,6 +25,9 @@ VARIANTS = [
     dict(load="tma", tile=(128, 160)), dict(load="tma", tile=(128, 192), cluster=(2, 1)),
     dict(load="tma", tile=(128, 224), cluster=(1, 2)), dict(load="cp_async", tile=(128, 160)),
     dict(load="tma", tile=(128, 96), split_k=2), dict(load="tma", tile=(128, 160), stream_k=True),
+    # each tile's stores under the next tile's WGMMAs (K = 1, 17: tiles of one k-tile)
+    dict(load="tma", store_under_mma=True), dict(load="tma", store_under_mma=True, cluster=(2, 1)),
+    dict(load="cp_async", store_under_mma=True, tile=(128, 160)),
 ]
 # the paper's (N, K) projection shapes at two of its M values
 PAPER = [(2048, 6144, 4096), (512, 14336, 4096), (256, 8192, 28672), (64, 1536, 5120),
@@ -183,6 +186,34 @@ def test_k_cuts_relaunch_and_graph_replay(load, cut):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.gemm(a, b, out=out, load=load, **cut)
+    replay_and_check(graph, a, b, out, 3)
+
+
+@pytest.mark.parametrize("tile", [(128, 256), (128, 128)], ids=str)
+def test_store_under_mma_many_tiles_relaunch_and_graph_replay(tile):
+    """Each CTA holds a tile while it starts the next: every tile of a CTA's walk (the last
+    one stored after the loop), outputs of both 16-bit types, fp32 output (which stores
+    serially), eager launches and CUDA-graph replays on fresh data into poisoned outputs."""
+    import torch
+
+    from cutetma import ops
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in [(4097, 4097, 129), (8192, 2048, 64), (1000, 4097, 1000)]:
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(n, k, device="cuda", dtype=dtype)
+            for out_dtype in (dtype, torch.float32):
+                out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                                 dtype=out_dtype)[:, :n]
+                ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)
+                check(a, b, out)
+    a = torch.randn(2048, 1536, device="cuda", dtype=torch.float16)
+    b = torch.randn(4096, 1536, device="cuda", dtype=torch.float16)
+    out = torch.empty(2048, 4096, device="cuda", dtype=torch.float16)
+    ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)
     replay_and_check(graph, a, b, out, 3)
 
 

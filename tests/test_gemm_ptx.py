@@ -96,6 +96,8 @@ def test_output_dtypes(out):
     (dict(tile_n=160, epi_n=64), "epi_n"), (dict(tile_k=32), "tile_k"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
+    (dict(store_under_mma=True, split_k=2), "whole cooperative tiles"),
+    (dict(store_under_mma=True, tile_n=128, schedule="pingpong"), "whole cooperative tiles"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -375,8 +377,10 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=128, schedule="pingpong"),
     GemmConfig(tile_n=128, schedule="pingpong", load="cp_async"),
     GemmConfig(tile_n=160), GemmConfig(tile_n=192, cluster_m=2),
-    GemmConfig(tile_n=160, load="cp_async"),
-], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}")
+    GemmConfig(tile_n=160, load="cp_async"), GemmConfig(store_under_mma=True),
+    GemmConfig(store_under_mma=True, load="cp_async", tile_n=160),
+], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}"
+                 f"{'-sum' if c.store_under_mma else ''}")
 def test_wgmma_stays_asynchronous(cfg):
     """ptxas on the configurations the benchmark offers: no C7520 / C7512 ("wgmma.mma_async
     instructions are serialized ...") and no spills. Until 2026-11-30 (session 6) every
@@ -461,3 +465,29 @@ def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
     assert joined["meta"]["summary"]["geomean_tma_vs_cublas_M>=256"] == pytest.approx(
         (0.9 * 1.1) ** 0.5)
     assert (tmp_path / "joined.png").exists()
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None or kernels.find_nvdisasm() is None,
+                    reason="needs ptxas and nvdisasm")
+@pytest.mark.parametrize("tile_n", [256, 128])
+def test_held_tile_is_stored_under_the_next_tiles_wgmmas_in_the_sass(tile_n):
+    """``store_under_mma`` in the SASS of the consumer's k-loop: after a k-tile's WGMMAs are
+    committed, the held tile's stmatrix and TMA stores come before the wait that retires them
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``), so the stores run while the tensor pipe works; and
+    the held fragments are registers of their own, not the accumulator the WGMMAs write.
+    Serial, the loop holds no store at all."""
+    def loop(cfg):
+        return kernels.innermost_loop(
+            kernels.sass(kernels.compile_gemm(cfg, "Float16").ptx), ("HGMMA", "DEPBAR"))
+
+    held = loop(GemmConfig(tile_n=tile_n, store_under_mma=True))
+    mma = [i for i, op in enumerate(held) if op.startswith("HGMMA")]
+    stsm = [i for i, op in enumerate(held) if op.startswith("STSM")]
+    tma_store = [i for i, op in enumerate(held) if op.startswith("UTMASTG")]
+    retire = [i for i, op in enumerate(held) if op.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1")]
+    assert len(stsm) == tile_n // 32 * 2 and len(tma_store) == tile_n // 32, held
+    assert mma[-1] < stsm[0] and tma_store[-1] < retire[0], held
+    acc = re.search(r"HGMMA\.\S+ (R\d+),", held[mma[0]]).group(1)
+    assert all(f" {acc}" not in held[i] for i in stsm), (acc, [held[i] for i in stsm])
+    serial = loop(GemmConfig(tile_n=tile_n))
+    assert not any(op.startswith(("STSM", "UTMASTG")) for op in serial), serial

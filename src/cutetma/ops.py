@@ -261,7 +261,7 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str | None = None, split_k: int | None = 1, k: int = 0,
-                 stream_k: bool = False):
+                 stream_k: bool = False, store_under_mma: bool | None = None):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -275,7 +275,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         split_k = 1
     if split_k is None:  # automatic: tile and K slices from the H200 measurements
         split_k = 1
-        if tile is None and schedule != "pingpong" and tuple(cluster) == (1, 1):
+        if (tile is None and schedule != "pingpong" and tuple(cluster) == (1, 1)
+                and not store_under_mma):
             if m > 64:
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
                 if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
@@ -290,10 +291,17 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         tile_m = 64 if m <= 64 else 128
         tiles_256 = -(-m // tile_m) * -(-n // 256)
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
+    whole_cooperative = schedule == "cooperative" and split_k == 1 and not stream_k
+    if store_under_mma is None:  # on wherever it applies: faster at the H200's power cap
+        # in 4 of 4 shapes (gemm_sustained_store.json, 2026-12-01), even in short runs
+        store_under_mma = whole_cooperative
+    if store_under_mma and not whole_cooperative:
+        raise ValueError("store_under_mma=True needs whole cooperative tiles (no pingpong, "
+                         "split_k or stream_k)")
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
                       raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k,
-                      stream_k=stream_k)
+                      stream_k=stream_k, store_under_mma=bool(store_under_mma))
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -329,7 +337,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
          schedule: str | None = None, split_k: int | None = None, stream_k: bool = False,
-         allow_copy: bool = True, config=None) -> torch.Tensor:
+         store_under_mma: bool | None = None, allow_copy: bool = True,
+         config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
@@ -350,7 +359,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``split_k_for`` for M <= 64; never with an explicit ``tile``, a cluster or pingpong.
     1 never splits. ``stream_k``: the last waves' k-tiles are shared evenly between all SMs
     and the CTAs that share a tile add their fp32 partials through a workspace
-    (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``).
+    (cooperative, cluster (1, 1); see ``GemmConfig.stream_k``). ``store_under_mma``: each
+    tile's stores run under the next tile's first WGMMAs (whole cooperative tiles, 16-bit
+    output; see ``GemmConfig.store_under_mma``; True keeps K whole); ``None`` (the
+    default): on for whole cooperative tiles, False: every tile's epilogue before the next.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
@@ -386,7 +398,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
     cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule, split_k, k, stream_k)
+                                 schedule, split_k, k, stream_k, store_under_mma)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view

@@ -1,0 +1,121 @@
+"""An interleaved A/B of GEMM configurations against cuBLAS: short runs, many cells.
+
+    source .gpu/prelude.sh && python benchmarks/gemm_ab.py \
+        --kernels ours:tile=128x256 ours:tile=128x256,store_under_mma=1 [--cells MxNxK ...] \
+        [--dtype float16] [--rounds 3] [--name gemm_ab] [--out DIR]
+
+For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 tiles fill
+the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
+``gemm_sustained.py``: ``ours:key=value,...`` are ``cutetma.gemm`` keyword arguments, checked
+against cuBLAS's result first) are timed in turn, ``--rounds`` times, on the same randn data
+(``gemm.bench``: CUDA-graph replays, median); a cell's figures are the medians of its rounds.
+Alternating keeps every contender in the same power state: on this card the clock under the
+power cap moves by several % within a minute, far more than most single changes are worth.
+Summary: the geometric mean of each spec over cuBLAS, and of each spec over the first.
+Writes ``<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import PAPER_M, PAPER_NK, bench, progress  # noqa: E402
+from gemm_sustained import parse_kernel  # noqa: E402
+
+HEADLINE = [(8192, 8192, 8192), (4096, 4096, 4096)]
+
+
+def default_cells() -> list[tuple[int, int, int]]:
+    return HEADLINE + [(m, n, k) for n, k in PAPER_NK for m in PAPER_M if m >= 2048]
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+
+
+def summarize(rows, specs) -> dict:
+    """Geomean of each spec over cuBLAS, and of each over the first spec, over the cells
+    where both were timed."""
+    out = {}
+    first = specs[0]
+    for spec in specs:
+        out[f"geomean {spec} / cublas"] = geomean(
+            r[spec] / r["cublas"] for r in rows if r.get(spec) and r.get("cublas"))
+        if spec != first:
+            out[f"geomean {spec} / {first}"] = geomean(
+                r[spec] / r[first] for r in rows if r.get(spec) and r.get(first))
+    return out
+
+
+def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dict:
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    a = torch.randn(m, k, device="cuda", dtype=t)
+    b = torch.randn(n, k, device="cuda", dtype=t)
+    ref = (a @ b.T).float()
+    row = {"M": m, "N": n, "K": k, "dtype": dtype}
+    fns = {"cublas": lambda: a @ b.T}
+    for spec, kwargs in specs.items():
+        def ours(kwargs=kwargs):
+            return ops.gemm(a, b, **kwargs)
+        try:
+            rel = ((ours().float() - ref).abs().max() / ref.abs().max()).item()
+        except Exception as exc:  # report, keep going
+            row[f"{spec}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        if not rel < 2e-2:  # a wrong result is never timed
+            row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
+            continue
+        fns[spec] = ours
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            times[key].append(bench(fn))
+    flops = 2 * m * n * k
+    row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})
+    row["rounds_tflops"] = {key: [round(flops / x / 1e9, 1) for x in ms]
+                            for key, ms in times.items()}
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", nargs="+", required=True, metavar="SPEC",
+                    help="ours:key=value,... (cutetma.gemm keyword arguments)")
+    ap.add_argument("--cells", nargs="*", metavar="MxNxK")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default="gemm_ab")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    specs = {spec: parse_kernel(spec) for spec in args.kernels}
+    if any(kwargs is None for kwargs in specs.values()):
+        raise SystemExit("--kernels: cuBLAS is always timed; give ours:... specs")
+    cells = ([tuple(int(x) for x in c.split("x")) for c in args.cells] if args.cells
+             else default_cells())
+    from cutetma import results
+
+    rows = []
+    for m, n, k in progress(cells, len(cells)):
+        rows.append(measure(m, n, k, args.dtype, specs, args.rounds))
+        results.write(args.name, rows, Path(args.out), extra_meta={"complete": False})
+    summary = summarize(rows, list(specs))
+    path = results.write(args.name, rows, Path(args.out),
+                         extra_meta={"complete": True, "summary": summary})
+    print(f"wrote {path}")
+    for key, value in summary.items():
+        print(f"  {key}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
