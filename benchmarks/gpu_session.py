@@ -8,6 +8,26 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 11's calls (each command under a ``timeout``; ``.snapC/runN.sh`` carried with ``.gpu``)::
+
+    python -m pytest -q -m gpu tests/test_attention_gpu.py -k exp2_fma      # 4 passed, 33 s
+    python benchmarks/attention.py --head-dims 64 128 --variants tma \
+        --custom f8=exp2_fma:8 f4=exp2_fma:4 f2=exp2_fma:2                  # 120 s
+    python benchmarks/gemm_ab.py --kernels ours:tile=128x256 \
+        ours:tile=128x256,store_under_mma=1 ... --rounds 3                  # 38 shapes, 60 s
+    python benchmarks/attention.py --out DIR    # the full grid with its final rounds, 5.5 min
+    python benchmarks/gemm_sustained.py --seconds 3 --rounds 2 --cells 8192x24576x1536 \
+        8192x16384x512 2048x32768x512 8192x8192x8192 --kernels cublas ours ...   # 150 s
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py    # 78 tests, > 270 s on a cold start:
+                                                         # split it over two calls (-k)
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16             # 260 s
+
+Next: the bf16 half of the GEMM grid with ``store_under_mma`` on (``--dtypes bfloat16
+--name gemm_bf16``, then ``--merge`` with the fp16 half); the default cluster at the power
+cap over more shapes and both dtypes (``gemm_sustained.py --cells ... --kernels cublas ours
+ours:load=tma_multicast,cluster=2x1``), where the 2 x 1 multicast has led in every sustained
+comparison so far while the short grids rank it behind.
+
 Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmarks``)::
 
     python benchmarks/attention_profile.py OUT.json --cells 64:8192 128:2048 256:4096
@@ -23,14 +43,7 @@ Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmar
     (cd .snapA && python benchmarks/attention.py --variants tma --out DIR)      # 53 s
     python benchmarks/attention.py --out DIR    # the full grid, every column, about 4 min
 
-Next: d = 64 (the MUFU and tensor pipes each ~50% busy, for cuDNN too): FA4's exp2 on the FMA
-pipe for every n-th score, written and host-tested in session 10, not yet run (a wrong result
-fails the test, it cannot hang)::
-
-    python -m pytest -q -m gpu tests/test_attention_gpu.py -k exp2_fma      # 4 tests
-    python benchmarks/attention.py --head-dims 64 128 --variants tma \
-        --custom f8=exp2_fma:8 f4=exp2_fma:4 f2=exp2_fma:2                  # about 2 min
-
+(Session 10's next step, FA4's exp2 on the FMA pipe, ran in session 11: slower.)
 
 Session 9's calls (each command under a ``timeout``; a second build as ``.snapA`` beside the
 working tree, as in session 8)::

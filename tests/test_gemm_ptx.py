@@ -231,6 +231,30 @@ def test_automatic_schedule_follows_the_measurements(mnk, schedule):
     assert explicit.schedule == "cooperative"  # an explicit choice is kept
 
 
+def test_store_under_mma_is_the_default_for_whole_cooperative_tiles():
+    """``cutetma.gemm`` holds each whole cooperative tile and stores it under the next one's
+    WGMMAs unless told not to; pingpong and K cuts keep their own epilogues; asking for it
+    keeps K whole (no automatic split) and a contradiction is refused before any compile."""
+    from cutetma import ops
+
+    def cfg(m, n, k, **kwargs):
+        args = dict(load="tma", cluster=None, tile=None, split_k=None) | kwargs
+        return ops._gemm_config(m, n, args.pop("load"), args.pop("cluster"), args.pop("tile"),
+                                132, k=k, **args)
+
+    assert cfg(8192, 8192, 8192).store_under_mma
+    assert cfg(8192, 8192, 8192, load="tma_multicast").store_under_mma
+    assert cfg(8192, 8192, 8192, load="cp_async").store_under_mma
+    assert not cfg(8192, 8192, 8192, store_under_mma=False).store_under_mma
+    assert not cfg(8192, 32768, 512).store_under_mma  # pingpong by itself there
+    split = cfg(256, 512, 5120)
+    assert split.split_k > 1 and not split.store_under_mma
+    whole = cfg(256, 512, 5120, store_under_mma=True)
+    assert whole.split_k == 1 and whole.store_under_mma
+    with pytest.raises(ValueError, match="whole cooperative tiles"):
+        cfg(256, 512, 5120, store_under_mma=True, split_k=2)
+
+
 def test_automatic_split_k_stays_out_of_explicit_choices():
     from cutetma import ops
 
@@ -440,6 +464,29 @@ def test_sustained_benchmark_reads_kernel_specs():
     for bad in ("cudnn", "ours:tile", "ours:=2"):
         with pytest.raises(SystemExit):
             gemm_sustained.parse_kernel(bad)
+
+
+def test_ab_benchmark_cells_and_summary():
+    """gemm_ab.py: by default the two headline shapes and every grid shape with M >= 2048;
+    the summary is each configuration's geomean over cuBLAS and over the first
+    configuration, each over the cells where both were timed (a failed one drops out)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm_ab
+
+    cells = gemm_ab.default_cells()
+    assert cells[:2] == [(8192, 8192, 8192), (4096, 4096, 4096)] and len(cells) == 38
+    assert all(m >= 2048 for m, _, _ in cells)
+    rows = [{"cublas": 100.0, "a": 90.0, "b": 99.0}, {"cublas": 100.0, "a": 110.0, "b": 121.0},
+            {"cublas": 100.0, "a": 50.0}]
+    summary = gemm_ab.summarize(rows, ["a", "b"])
+    assert summary["geomean b / a"] == pytest.approx(1.1)
+    assert summary["geomean b / cublas"] == pytest.approx((0.99 * 1.21) ** 0.5)
+    assert summary["geomean a / cublas"] == pytest.approx((0.9 * 1.1 * 0.5) ** (1 / 3))
+    with pytest.raises(SystemExit):
+        gemm_ab.main(["--kernels", "cublas"])
 
 
 def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):

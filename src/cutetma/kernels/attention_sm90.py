@@ -232,8 +232,11 @@ class AttentionConfig:
     pv_wait: str = ""
     # every n-th of a thread's scores in a row takes its exp2 from a cubic on the FMA pipe
     # instead of MUFU (FlashAttention-4's offload, ``exp2_on_fma``); 0: all on MUFU. At d = 64
-    # the exp2s keep MUFU as busy as the GEMMs keep the tensor pipe (ncu, 2026-12-01).
-    # Not yet run on a GPU
+    # the exp2s keep MUFU as busy as the GEMMs keep the tensor pipe (ncu, 2026-12-01), but on
+    # the H200 the cubic's nine FMA / ALU instructions cost more issue slots than MUFU saves:
+    # per cell, n = 8 / 4 / 2 ran at 0.97-1.05 / 0.87-0.98 / 0.82-0.93x the default at
+    # d = 64 (geomean 1.00 / 0.93 / 0.89) and 0.85-1.01 / 0.80-0.93 / 0.79-0.92x at d = 128
+    # (attention_exp2_fma.json, 2026-12-01)
     exp2_fma: int = 0
     # L2 eviction priorities on the TMA loads (FlashAttention-3's): Q, read by one CTA once,
     # evict_first; K and V, which every query block of the head reads again, evict_last.

@@ -24,6 +24,11 @@ Warp roles and the mainloop pipeline (``stages`` (full, empty) mbarrier pairs)::
     full[s]        TMA: 1 (arrive.expect_tx) + the stage's bytes; cp.async: 128 (noinc)
     empty[s]       consumer warps of the tile (x multicast partners under TMA multicast)
 
+The epilogue (stmatrix into swizzled shared sub-tiles, the TMA store by one consumer warp)
+runs after a tile's mainloop, or, with ``store_under_mma`` (``cutetma.gemm``'s default for
+whole cooperative tiles), from registers that hold the finished tile in C's type while the
+next tile's first k-tiles of WGMMAs run (``_store_held``).
+
 Only the producer differs between mechanisms: one schedule (``_produce``) takes a stage
 loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are the same code
 (``cutetma.copy.loader`` picks the pipeline). Tiles come from a static persistent scheduler
