@@ -644,14 +644,8 @@ class HopperGemm:
                         buf = stores % epi_bufs
                         if cutlass.const_expr(cfg.pingpong):
                             buf = buf + wg * epi_bufs  # each warpgroup its own buffers
-                        cute.copy(r2s, frag_out, tRS_sC[(None, None, None, buf)])
-                        cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
-                        epi_sync.arrive_and_wait()
-                        if warp == store_warp:
-                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                            tma.commit()
-                            tma.wait(epi_bufs - 1)  # the buffer written next is free again
-                        epi_sync.arrive_and_wait()
+                        self._store_subtile(frag_out, buf, e, r2s, tRS_sC, tma_c, bSG_sC,
+                                            bSG_gC, epi_sync, warp, store_warp, epi_bufs)
                         stores += 1
             else:
                 # the other warpgroup's tile: its stages pass us by
@@ -674,24 +668,32 @@ class HopperGemm:
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,
                     store_warp, epi_bufs: cutlass.Constexpr):
         """``store_under_mma``: tile (m, n), held in C's type one fragment per sub-tile, out
-        through the epilogue buffers as the serial epilogue stores it (stmatrix, fence, the
-        store warp's TMA store, a buffer reused once ``epi_bufs - 1`` stores are younger).
-        Returns the updated store count."""
+        through the epilogue buffers as the serial epilogue stores it. Returns the updated
+        store count."""
         cfg = self.cfg
         gC_tile = cute.zipped_divide(gC[(None, None, m, n)], (cfg.tile_m, cfg.epi_n))
         bSG_sC, bSG_gC = tma.partition(tma_c, sC, gC_tile, box_rank=2, gmem_box_rank=1)
         for e in cutlass.range_constexpr(len(held)):
-            buf = stores % epi_bufs
-            cute.copy(r2s, held[e], tRS_sC[(None, None, None, buf)])
-            cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
-            epi_sync.arrive_and_wait()
-            if warp == store_warp:
-                cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                tma.commit()
-                tma.wait(epi_bufs - 1)  # the buffer written next is free again
-            epi_sync.arrive_and_wait()
+            self._store_subtile(held[e], stores % epi_bufs, e, r2s, tRS_sC, tma_c, bSG_sC,
+                                bSG_gC, epi_sync, warp, store_warp, epi_bufs)
             stores += 1
         return stores
+
+    @cute.jit
+    def _store_subtile(self, fragment, buf, e: cutlass.Constexpr, r2s, tRS_sC, tma_c, bSG_sC,
+                       bSG_gC, epi_sync, warp, store_warp, epi_bufs: cutlass.Constexpr):
+        """Epilogue sub-tile ``e``: ``fragment`` (C's type) by stmatrix into shared buffer
+        ``buf``, then the store warp's TMA store of it to its columns of C. The barrier before the
+        store makes every thread's part visible; the one after lets the buffer written next
+        be reused once the store warp has seen ``epi_bufs - 1`` younger stores leave it."""
+        cute.copy(r2s, fragment, tRS_sC[(None, None, None, buf)])
+        cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
+        epi_sync.arrive_and_wait()
+        if warp == store_warp:
+            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+            tma.commit()
+            tma.wait(epi_bufs - 1)  # the buffer written next is free again
+        epi_sync.arrive_and_wait()
 
     @staticmethod
     def _partial_views(acc, mPartials, tid, threads):
