@@ -683,9 +683,10 @@ class HopperGemm:
     def _store_subtile(self, fragment, buf, e: cutlass.Constexpr, r2s, tRS_sC, tma_c, bSG_sC,
                        bSG_gC, epi_sync, warp, store_warp, epi_bufs: cutlass.Constexpr):
         """Epilogue sub-tile ``e``: ``fragment`` (C's type) by stmatrix into shared buffer
-        ``buf``, then the store warp's TMA store of it to its columns of C. The barrier before the
-        store makes every thread's part visible; the one after lets the buffer written next
-        be reused once the store warp has seen ``epi_bufs - 1`` younger stores leave it."""
+        ``buf``, then the store warp's TMA store of it to its columns of C. The barrier
+        before the store makes every thread's part visible; the one after lets the buffer
+        written next be reused once the store warp has seen ``epi_bufs - 1`` younger stores
+        leave it."""
         cute.copy(r2s, fragment, tRS_sC[(None, None, None, buf)])
         cute.arch.fence_view_async_shared()  # stmatrix (generic) before TMA
         epi_sync.arrive_and_wait()
