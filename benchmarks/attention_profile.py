@@ -24,16 +24,11 @@ barrier, load or GEMM wait the time goes to.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_profile import METRICS, find_ncu, run_ncu  # noqa: E402
+from gemm_profile import METRICS, profile_source, run_ncu, summarize_sass  # noqa: E402,F401
 
 # what the attention gap could be: tensor pipe idle (bubbles between tiles, the first
 # block's softmax), warps waiting on barriers (mbarrier waits show as long scoreboard or
@@ -77,13 +72,8 @@ def launch_names(cells):
     return names
 
 
-# the SASS profile (--source): its default sequence length, the instructions kept in its JSON
-# summary, and the launch-wide counters read beside the per-instruction ones
+# the SASS profile (--source): its default sequence length
 SOURCE_SEQLEN = 512
-TOP = 40
-LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
-                  "smsp__inst_executed.sum",
-                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
 
 
 def workload():
@@ -155,92 +145,15 @@ def source_workload(spec: str):
     torch.cuda.nvtx.range_pop()
 
 
-def _number(text):
-    try:
-        return float(str(text).replace(",", ""))
-    except ValueError:
-        return 0.0
-
-
-def summarize_sass(rows: list[dict]) -> dict:
-    """The instructions with the most stall samples, each with its stall reasons (the sample
-    columns of ncu's source page that are non-zero), and the totals per reason."""
-    if not rows:
-        return {"rows": 0}
-    columns = list(rows[0])
-    total_col = next((c for c in columns if "Sampling (All" in c), None)
-    reasons = [c for c in columns if c.startswith("stall_") or "stalled" in c.lower()]
-    source_col = next((c for c in columns if c.strip() in ("Source", "SASS")), columns[1])
-    address_col = next((c for c in columns if "Address" in c), columns[0])
-    totals = {c: sum(_number(r[c]) for r in rows) for c in reasons}
-    ranked = sorted(rows, key=lambda r: -_number(r.get(total_col, 0))) if total_col else []
-    top = []
-    for r in ranked[:TOP]:
-        why = {c: _number(r[c]) for c in reasons if _number(r[c])}
-        top.append({"address": r.get(address_col), "sass": r.get(source_col),
-                    "samples": _number(r.get(total_col, 0)),
-                    "reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:4])})
-    executed_col = next((c for c in columns if c.strip() == "Instructions Executed"),
-                        next((c for c in columns if "Instructions Executed" in c
-                              and "Thread" not in c), None))
-    by_opcode = {}
-    if executed_col:  # what the warps ran, by SASS opcode (predicate and modifiers dropped)
-        for r in rows:
-            words = str(r.get(source_col, "")).split()
-            words = words[1:] if words and words[0].startswith("@") else words
-            if words:
-                op = words[0].split(".")[0]
-                by_opcode[op] = by_opcode.get(op, 0) + _number(r[executed_col])
-    return {"rows": len(rows), "columns": columns, "samples_total":
-            sum(_number(r.get(total_col, 0)) for r in rows) if total_col else None,
-            "reason_totals": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
-            "executed_by_opcode": dict(sorted(by_opcode.items(), key=lambda kv: -kv[1])),
-            "top": top}
-
-
 def run_source(out_dir: Path, specs) -> int:
-    """One ncu source-counter profile per spec (``schedule[:dtype[:seqlen]]``)."""
-    from cutetma import results
-
-    ncu = find_ncu()
-    if not ncu:
-        print("ncu not found")
-        return 1
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """One ncu source-counter profile per spec (``schedule[:dtype[:seqlen[:head_dim]]]``)."""
     status = 0
     for spec in specs:
-        name = spec.replace(":", "_").strip("_") or "default"
-        report = out_dir / f"attention_sass_{name}"
-        profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
-                   "--section", "SourceCounters", "--section", "WarpStateStats",
-                   "--section", "SpeedOfLight",
-                   "--import-source", "no", "-f", "-o", str(report),
-                   sys.executable, __file__, "--source-workload", spec]
-        proc = subprocess.run(profile, capture_output=True, text=True, timeout=300)
-        print(" ".join(profile[:-4]), "->", proc.returncode, proc.stderr[-500:])
-        page = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "source", "--csv",
-                               "--print-source", "sass"], capture_output=True, text=True,
-                              timeout=300)
-        raw = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "raw", "--csv",
-                              "--metrics", ",".join(LAUNCH_METRICS)], capture_output=True,
-                             text=True, timeout=300).stdout
-        launch = list(csv.DictReader(io.StringIO(raw[raw.find('"ID"'):])))[-1:] \
-            if '"ID"' in raw else []
-        text = page.stdout
-        start = text.find('"Address"')  # the table's header (a "Kernel Name" line above it)
-        rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
-        with gzip.open(out_dir / f"attention_sass_{name}.csv.gz", "wt") as f:
-            f.write(text)
-        summary = summarize_sass(rows)
         schedule, dtype, seqlen, head_dim = _parse_spec(spec)
-        summary = {"meta": results.meta(" ".join(profile[:-4])), "schedule": schedule,
-                   "dtype": dtype, "seqlen": seqlen, "head_dim": head_dim,
-                   "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,
-                   **summary,
-                   "stderr_tail": (proc.stderr + page.stderr)[-1500:]}
-        (out_dir / f"attention_sass_{name}.json").write_text(json.dumps(summary, indent=1))
-        Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
-        status = status or proc.returncode or page.returncode
+        status = status or profile_source(
+            out_dir, "attention_sass", spec.replace(":", "_").strip("_") or "default",
+            [__file__, "--source-workload", spec],
+            {"schedule": schedule, "dtype": dtype, "seqlen": seqlen, "head_dim": head_dim})
     return status
 
 

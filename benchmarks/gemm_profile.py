@@ -5,11 +5,20 @@
 
 Only the launches inside the NVTX range "profile" are measured (warm-ups and compiles are
 outside it). ``run_ncu()`` builds that command, runs it and writes the table as JSON.
+
+    python benchmarks/gemm_profile.py --source OUT_DIR MxNxK[/key=value,...] ...
+
+profiles one launch of ours per spec (``cutetma.gemm`` with those keyword arguments, as in
+``gemm_sustained.py``; ``dtype=bfloat16`` picks the inputs' type, fp16 otherwise) with ncu's
+source counters: the SASS listing with its warp-stall samples (``gemm_sass_<spec>.csv.gz``)
+and where the warps wait most and why (``gemm_sass_<spec>.json``), e.g. where split-K's
+hand-over spends its time: ``256x512x5120/tile=128x128,split_k=4``.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -72,6 +81,99 @@ def supported(ncu: str, metrics):
     return kept
 
 
+# the SASS profile (--source): the instructions kept in its JSON summary, and the
+# launch-wide counters read beside the per-instruction ones
+TOP = 40
+LAUNCH_METRICS = ["gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+                  "smsp__inst_executed.sum",
+                  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"]
+
+
+def _number(text):
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def summarize_sass(rows: list[dict]) -> dict:
+    """The instructions with the most stall samples, each with its stall reasons (the sample
+    columns of ncu's source page that are non-zero), and the totals per reason."""
+    if not rows:
+        return {"rows": 0}
+    columns = list(rows[0])
+    total_col = next((c for c in columns if "Sampling (All" in c), None)
+    reasons = [c for c in columns if c.startswith("stall_") or "stalled" in c.lower()]
+    source_col = next((c for c in columns if c.strip() in ("Source", "SASS")), columns[1])
+    address_col = next((c for c in columns if "Address" in c), columns[0])
+    totals = {c: sum(_number(r[c]) for r in rows) for c in reasons}
+    ranked = sorted(rows, key=lambda r: -_number(r.get(total_col, 0))) if total_col else []
+    top = []
+    for r in ranked[:TOP]:
+        why = {c: _number(r[c]) for c in reasons if _number(r[c])}
+        top.append({"address": r.get(address_col), "sass": r.get(source_col),
+                    "samples": _number(r.get(total_col, 0)),
+                    "reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:4])})
+    executed_col = next((c for c in columns if c.strip() == "Instructions Executed"),
+                        next((c for c in columns if "Instructions Executed" in c
+                              and "Thread" not in c), None))
+    by_opcode = {}
+    if executed_col:  # what the warps ran, by SASS opcode (predicate and modifiers dropped)
+        for r in rows:
+            words = str(r.get(source_col, "")).split()
+            words = words[1:] if words and words[0].startswith("@") else words
+            if words:
+                op = words[0].split(".")[0]
+                by_opcode[op] = by_opcode.get(op, 0) + _number(r[executed_col])
+    return {"rows": len(rows), "columns": columns, "samples_total":
+            sum(_number(r.get(total_col, 0)) for r in rows) if total_col else None,
+            "reason_totals": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+            "executed_by_opcode": dict(sorted(by_opcode.items(), key=lambda kv: -kv[1])),
+            "top": top}
+
+
+def profile_source(out_dir: Path, prefix: str, name: str, workload_args, describe: dict) -> int:
+    """ncu's source counters for the one launch ``python *workload_args`` makes inside the
+    NVTX range "profile": the SASS listing with its warp-stall samples
+    (``<prefix>_<name>.csv.gz``) and a summary (``<prefix>_<name>.json``: the launch's time,
+    clock and instruction count, the instructions where warps wait most and why, executed
+    instructions by opcode, and ``describe``)."""
+    from cutetma import results
+
+    ncu = find_ncu()
+    if not ncu:
+        print("ncu not found")
+        return 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / f"{prefix}_{name}"
+    profile = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
+               "--section", "SourceCounters", "--section", "WarpStateStats",
+               "--section", "SpeedOfLight", "--import-source", "no", "-f", "-o", str(report),
+               sys.executable, *workload_args]
+    proc = subprocess.run(profile, capture_output=True, text=True, timeout=300)
+    command = " ".join(profile[:-len(workload_args) - 1])
+    print(command, "->", proc.returncode, proc.stderr[-500:])
+    page = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "source", "--csv",
+                           "--print-source", "sass"], capture_output=True, text=True,
+                          timeout=300)
+    raw = subprocess.run([ncu, "-i", f"{report}.ncu-rep", "--page", "raw", "--csv",
+                          "--metrics", ",".join(LAUNCH_METRICS)], capture_output=True,
+                         text=True, timeout=300).stdout
+    launch = list(csv.DictReader(io.StringIO(raw[raw.find('"ID"'):])))[-1:] \
+        if '"ID"' in raw else []
+    text = page.stdout
+    start = text.find('"Address"')  # the table's header (a "Kernel Name" line above it)
+    rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+    with gzip.open(out_dir / f"{prefix}_{name}.csv.gz", "wt") as f:
+        f.write(text)
+    summary = {"meta": results.meta(command), **describe,
+               "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,
+               **summarize_sass(rows), "stderr_tail": (proc.stderr + page.stderr)[-1500:]}
+    (out_dir / f"{prefix}_{name}.json").write_text(json.dumps(summary, indent=1))
+    Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
+    return proc.returncode or page.returncode
+
+
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
             order=("ours_tma", "ours_cp_async", "cublas")) -> int:
     """ncu over ``script --workload`` (its launches inside the NVTX range "profile"), the
@@ -100,8 +202,60 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
     return proc.returncode
 
 
+def parse_source_spec(spec: str):
+    """``MxNxK[/key=value,...]`` -> ((m, n, k), dtype, ``cutetma.gemm`` keyword arguments)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm_sustained import parse_kernel
+
+    shape, _, options = spec.partition("/")
+    try:
+        mnk = tuple(int(x) for x in shape.split("x"))
+    except ValueError:
+        mnk = ()
+    if len(mnk) != 3:
+        raise SystemExit(f"--source {spec!r}: MxNxK[/key=value,...]")
+    kwargs = parse_kernel("ours:" + options)
+    return mnk, kwargs.pop("dtype", "float16"), kwargs
+
+
+def source_workload(spec: str):
+    """Ours once inside the NVTX range, on randn data (the SASS profile's launch)."""
+    import torch
+
+    from cutetma import ops
+
+    (m, n, k), dtype, kwargs = parse_source_spec(spec)
+    a = torch.randn(m, k, device="cuda", dtype=getattr(torch, dtype))
+    b = torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype))
+    for _ in range(2):
+        ops.gemm(a, b, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profile")
+    ops.gemm(a, b, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def run_source(out_dir: Path, specs) -> int:
+    status = 0
+    for spec in specs:
+        (m, n, k), dtype, kwargs = parse_source_spec(spec)
+        name = spec.replace("/", "_").replace(",", "_").replace("=", "")
+        status = status or profile_source(
+            out_dir, "gemm_sass", name, [__file__, "--source-workload", spec],
+            {"M": m, "N": n, "K": k, "dtype": dtype,
+             "config": {key: list(v) if isinstance(v, tuple) else v
+                        for key, v in kwargs.items()}})
+    return status
+
+
 if __name__ == "__main__":
     if "--workload" in sys.argv:
         workload()
+    elif "--source-workload" in sys.argv:
+        source_workload(sys.argv[sys.argv.index("--source-workload") + 1])
+    elif "--source" in sys.argv:
+        rest = sys.argv[sys.argv.index("--source") + 1:]
+        sys.exit(run_source(Path(rest[0]), rest[1:] or ["256x512x5120/tile=128x128,split_k=4"]))
     else:
         sys.exit(run_ncu(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("gemm_profile.json")))

@@ -26,7 +26,12 @@ Next: the bf16 half of the GEMM grid with ``store_under_mma`` on (``--dtypes bfl
 --name gemm_bf16``, then ``--merge`` with the fp16 half); the default cluster at the power
 cap over more shapes and both dtypes (``gemm_sustained.py --cells ... --kernels cublas ours
 ours:load=tma_multicast,cluster=2x1``), where the 2 x 1 multicast has led in every sustained
-comparison so far while the short grids rank it behind.
+comparison so far while the short grids rank it behind; and where split-K's hand-over spends
+its time in the grid's worst cells (0.71-0.84x cuBLAS), with ncu's source counters (new in
+session 11, its plumbing host-tested against a stand-in ncu)::
+
+    python benchmarks/gemm_profile.py --source OUT_DIR 256x512x5120/tile=128x128,split_k=4 \
+        512x1536x5120/tile=128x128,split_k=2 512x1536x5120/tile=128x128,split_k=1
 
 Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmarks``)::
 

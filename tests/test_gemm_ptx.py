@@ -489,6 +489,51 @@ def test_ab_benchmark_cells_and_summary():
         gemm_ab.main(["--kernels", "cublas"])
 
 
+def test_source_profile_plumbing_with_a_stand_in_ncu(tmp_path, monkeypatch):
+    """``gemm_profile.py --source``: its specs, and the path from ncu's three calls (profile,
+    source page, raw counters) to the summary JSON and the gzipped listing, driven by a
+    stand-in ``ncu`` on PATH that prints what the real one prints (no GPU needed)."""
+    import gzip
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm_profile
+
+    assert gemm_profile.parse_source_spec("256x512x5120/tile=128x128,split_k=4") == (
+        (256, 512, 5120), "float16", {"tile": (128, 128), "split_k": 4})
+    assert gemm_profile.parse_source_spec("64x64x64/dtype=bfloat16")[1] == "bfloat16"
+    for bad in ("256x512", "axbxc", "1x2x3/tile"):
+        with pytest.raises(SystemExit):
+            gemm_profile.parse_source_spec(bad)
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    fake.write_text("""#!/bin/sh
+case "$*" in
+  *"--page source"*) printf 'Kernel Name: k\\n"Address","Source","Instructions Executed",'
+    printf '"Warp Stall Sampling (All Samples)","stall_long_sb"\\n'
+    printf '"0x10","SYNCS.PHASECHK.TRANS64 P0, [R1]","7","90","80"\\n'
+    printf '"0x20","HGMMA.64x128x16.F32 R24, gdesc[UR4], R24","64","10","0"\\n' ;;
+  *"--page raw"*) printf '"ID","gpu__time_duration.sum","smsp__inst_executed.sum"\\n'
+    printf '"0","17000","123"\\n' ;;
+  *) : ;;
+esac
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert gemm_profile.run_source(tmp_path / "out", ["256x512x5120/tile=128x128,split_k=4"]) == 0
+    name = "gemm_sass_256x512x5120_tile128x128_split_k4"
+    summary = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    assert summary["M"] == 256 and summary["config"] == {"tile": [128, 128], "split_k": 4}
+    assert summary["launch"]["gpu__time_duration.sum"] == "17000"
+    assert summary["executed_by_opcode"] == {"HGMMA": 64.0, "SYNCS": 7.0}
+    assert summary["top"][0]["sass"].startswith("SYNCS") and summary["samples_total"] == 100
+    with gzip.open(tmp_path / "out" / f"{name}.csv.gz", "rt") as f:
+        assert "HGMMA" in f.read()
+
+
 def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
     """``gemm.py --merge`` joins per-dtype runs (the grid outgrows one device call) into one
     file with the summary over all rows and the meta of the machine that measured them."""
