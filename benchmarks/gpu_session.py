@@ -33,6 +33,16 @@ session 11, its plumbing host-tested against a stand-in ncu)::
     python benchmarks/gemm_profile.py --source OUT_DIR 256x512x5120/tile=128x128,split_k=4 \
         512x1536x5120/tile=128x128,split_k=2 512x1536x5120/tile=128x128,split_k=1
 
+and split-K's slices added by vector atomics into one fp32 tile (``split_sum="atomic"``,
+written and host-tested in session 11, not yet run: its GPU tests first, then whether the
+hand-over stops growing with the slices, so that more of them fill the SMs)::
+
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic          # 6 tests
+    python benchmarks/gemm_ab.py --cells 256x512x5120 512x512x5120 512x1536x5120 \
+        256x1536x5120 2048x512x5120 --rounds 5 --kernels ours:tile=128x128,split_k=4 \
+        ours:tile=128x128,split_k=4,split_sum=atomic ours:tile=128x128,split_k=8,split_sum=atomic \
+        ours:tile=128x128,split_k=16,split_sum=atomic
+
 Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmarks``)::
 
     python benchmarks/attention_profile.py OUT.json --cells 64:8192 128:2048 256:4096

@@ -25,6 +25,9 @@ VARIANTS = [
     dict(load="tma", tile=(128, 160)), dict(load="tma", tile=(128, 192), cluster=(2, 1)),
     dict(load="tma", tile=(128, 224), cluster=(1, 2)), dict(load="cp_async", tile=(128, 160)),
     dict(load="tma", tile=(128, 96), split_k=2), dict(load="tma", tile=(128, 160), stream_k=True),
+    # split-K's slices added by vector atomics into one fp32 tile (written 2026-12-01)
+    dict(load="tma", split_k=3, split_sum="atomic"),
+    dict(load="cp_async", split_k=2, split_sum="atomic", tile=(128, 128)),
     # each tile's stores under the next tile's WGMMAs (K = 1, 17: tiles of one k-tile)
     dict(load="tma", store_under_mma=True), dict(load="tma", store_under_mma=True, cluster=(2, 1)),
     dict(load="cp_async", store_under_mma=True, tile=(128, 160)),
@@ -160,13 +163,15 @@ def test_errors_before_launch():
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("cut", [dict(stream_k=True), dict(split_k=3), dict(split_k=2,
-                                                                          tile=(128, 128))],
+                                                                          tile=(128, 128)),
+                                 dict(split_k=4, tile=(128, 128), split_sum="atomic")],
                          ids=_named)
 def test_k_cuts_relaunch_and_graph_replay(load, cut):
     """Split-K's tickets and stream-K's flags must be back at zero after every launch: the
     same workspace serves eager launches of different shapes and CUDA-graph replays, each
     checked with fresh data and a poisoned output (a stale count would let the wrong slice
-    store the tile: a wrong result, not a hang)."""
+    store the tile: a wrong result, not a hang). With ``split_sum="atomic"`` the fp32 slots
+    too: a slot not zeroed by the last slice would add the previous launch's tile in."""
     import torch
 
     from cutetma import ops

@@ -97,6 +97,7 @@ def test_output_dtypes(out):
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
     (dict(store_under_mma=True, split_k=2), "whole cooperative tiles"),
+    (dict(split_sum="tree", split_k=2), "split_sum"), (dict(split_sum="atomic"), "split_k > 1"),
     (dict(store_under_mma=True, tile_n=128, schedule="pingpong"), "whole cooperative tiles"),
 ])
 def test_config_refuses(kwargs, match):
@@ -166,6 +167,25 @@ def test_split_k_sums_every_slot_in_one_block(split):
     between = lines[loads[0]:loads[-1]]
     assert not any(re.match(r"\s*(@%p\d+\s+)?bra", line) for line in between)
     assert not any(line.strip().endswith(":") for line in between)  # no label: one block
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_atomic_split_sum_adds_in_l2_and_reads_one_tile(split):
+    """``split_sum="atomic"``: each slice adds its partial into the tile's one slot with
+    16-byte vector atomics (nothing stored, nothing read back), and the last slice reads that
+    one slot and writes zeros in its place, however many slices there are; the ordered sum
+    has no atomics but the ticket."""
+    per_thread = 128 * 128 // (2 * 128) // 4  # 16-byte vectors of a consumer thread's tile
+    ptx = kernels.compile_gemm(GemmConfig(tile_n=128, split_k=split, split_sum="atomic"),
+                               "Float16").ptx
+    zero_stores = r"st\.global\.v4\.b32\s+\[[^\]]+\], \{0f00000000"
+    assert ptx.count("red.relaxed.gpu.global.add.v4.f32") == per_thread
+    assert ptx.count("ld.global.v4.b32") == per_thread
+    assert len(re.findall(zero_stores, ptx)) == per_thread
+    assert "atom.global.acq_rel.add" in ptx and "fence.acq_rel.gpu" in ptx
+    ordered = kernels.compile_gemm(GemmConfig(tile_n=128, split_k=split), "Float16").ptx
+    assert "red.relaxed" not in ordered and not re.search(zero_stores, ordered)
+    assert ordered.count("ld.global.v4.b32") == split * per_thread
 
 
 def test_split_k_leaves_the_unsplit_kernel_alone():
@@ -392,6 +412,16 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     assert ops.check_split_workspace(512, 1536, small, h200) == 48 * 3 * 128 * 128 * 4
     with pytest.raises(ValueError, match=r"split_k=8 on a 65536 x 65536 output needs a 128.0 GiB"):
         ops.check_split_workspace(65536, 65536, GemmConfig(tile_n=128, split_k=8), h200)
+    # the atomic sum keeps one slot per tile, whatever the slices
+    atomic = GemmConfig(tile_n=128, split_k=8, split_sum="atomic")
+    assert ops.check_split_workspace(512, 1536, atomic, h200) == 48 * 128 * 128 * 4
+    assert ops.check_split_workspace(65536, 65536, atomic, h200) == 16 * 2**30
+    cfg = ops._gemm_config(256, 512, "tma", None, (128, 128), 132, split_k=4, k=5120,
+                           split_sum="atomic")
+    assert (cfg.split_k, cfg.split_sum) == (4, "atomic")
+    whole = ops._gemm_config(256, 512, "tma", None, (128, 128), 132, split_k=1, k=5120,
+                             split_sum="atomic")
+    assert whole.split_sum == "ordered"  # nothing to sum where K is whole
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
@@ -402,9 +432,11 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=128, schedule="pingpong", load="cp_async"),
     GemmConfig(tile_n=160), GemmConfig(tile_n=192, cluster_m=2),
     GemmConfig(tile_n=160, load="cp_async"), GemmConfig(store_under_mma=True),
+    GemmConfig(tile_n=128, split_k=4, split_sum="atomic"),
     GemmConfig(store_under_mma=True, load="cp_async", tile_n=160),
 ], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}"
-                 f"{'-sum' if c.store_under_mma else ''}")
+                 f"{'-sum' if c.store_under_mma else ''}"
+                 f"{'-atomic' if c.split_sum == 'atomic' else ''}")
 def test_wgmma_stays_asynchronous(cfg):
     """ptxas on the configurations the benchmark offers: no C7520 / C7512 ("wgmma.mma_async
     instructions are serialized ...") and no spills. Until 2026-11-30 (session 6) every

@@ -261,7 +261,8 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str | None = None, split_k: int | None = 1, k: int = 0,
-                 stream_k: bool = False, store_under_mma: bool | None = None):
+                 stream_k: bool = False, store_under_mma: bool | None = None,
+                 split_sum: str = "ordered"):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -301,7 +302,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
                       raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k,
-                      stream_k=stream_k, store_under_mma=bool(store_under_mma))
+                      stream_k=stream_k, store_under_mma=bool(store_under_mma),
+                      split_sum=split_sum if split_k > 1 else "ordered")
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -337,8 +339,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
          schedule: str | None = None, split_k: int | None = None, stream_k: bool = False,
-         store_under_mma: bool | None = None, allow_copy: bool = True,
-         config=None) -> torch.Tensor:
+         store_under_mma: bool | None = None, split_sum: str = "ordered",
+         allow_copy: bool = True, config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
@@ -363,6 +365,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     tile's stores run under the next tile's first WGMMAs (whole cooperative tiles, 16-bit
     output; see ``GemmConfig.store_under_mma``; True keeps K whole); ``None`` (the
     default): on for whole cooperative tiles, False: every tile's epilogue before the next.
+    ``split_sum``: how split-K's slices meet, ``"ordered"`` (each its own fp32 slot, summed in
+    slot order by the last: the same bits every launch) or ``"atomic"`` (vector atomic adds
+    into one fp32 tile, so the last slice reads one tile however many there are; the last
+    bits depend on the order; not yet run on a GPU). Ignored where K is not split.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
@@ -398,7 +404,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
     cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule, split_k, k, stream_k, store_under_mma)
+                                 schedule, split_k, k, stream_k, store_under_mma, split_sum)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
@@ -424,7 +430,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     elif cfg.split_k > 1:  # a slot per (tile, slice), a ticket counter per tile
         tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
         check_split_workspace(m, n, cfg, torch.cuda.get_device_properties(a.device).total_memory)
-        workspace = _k_workspace(a.device, tiles * cfg.split_k, tile_elems, tiles)
+        if cfg.split_sum == "atomic":  # one slot per tile, kept at zero between launches
+            workspace = _k_workspace(a.device, tiles, tile_elems, tiles, zeroed=True)
+        else:
+            workspace = _k_workspace(a.device, tiles * cfg.split_k, tile_elems, tiles)
     key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
     kernel(*tensors, _stream(), *workspace)  # max_active_clusters: a compile-time constant
@@ -433,14 +442,16 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
 def check_split_workspace(m: int, n: int, cfg, device_bytes: int) -> int:
     """Split-K keeps an fp32 partial tile per (tile, slice): ``split_k`` times the fp32
-    output. Refuse, before anything is allocated, a split whose workspace would take over a
-    quarter of the device (an explicit ``split_k`` on a large output); returns the bytes."""
+    output (``split_sum="atomic"``: one per tile). Refuse, before anything is allocated, a
+    split whose workspace would take over a quarter of the device (an explicit ``split_k``
+    on a large output); returns the bytes."""
     tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
-    need = tiles * cfg.split_k * cfg.tile_m * cfg.tile_n * 4
+    slots = 1 if cfg.split_sum == "atomic" else cfg.split_k
+    need = tiles * slots * cfg.tile_m * cfg.tile_n * 4
     if need > device_bytes // 4:
         raise ValueError(f"split_k={cfg.split_k} on a {m} x {n} output needs a "
                          f"{need / 2**30:.1f} GiB fp32 workspace ({tiles} tiles x "
-                         f"{cfg.split_k} slices x {cfg.tile_m} x {cfg.tile_n} x 4 B), over a "
+                         f"{slots} slots x {cfg.tile_m} x {cfg.tile_n} x 4 B), over a "
                          f"quarter of the device: use fewer slices (split_k=1 needs none)")
     return need
 
@@ -449,22 +460,25 @@ _K_WORKSPACE: dict = {}
 _K_WORKSPACE_RETIRED: list = []  # outgrown workspaces, kept alive (doubling bounds them)
 
 
-def _k_workspace(device, slots: int, tile_elems: int, flags: int):
+def _k_workspace(device, slots: int, tile_elems: int, flags: int, zeroed: bool = False):
     """Split-K's and stream-K's workspace: fp32 tile slots and int32 flags, as DSL tensors of
-    dynamic length (one compiled kernel serves every size), one pair per (device, stream):
-    launches on one stream run in order, and every launch leaves the flags at zero as it
-    found them. Grown by doubling and never freed, so a CUDA graph that captured a launch
-    keeps valid pointers; a capture allocates its own pair (its zeroing replays with it)."""
+    dynamic length (one compiled kernel serves every size), one pair per (device, stream,
+    ``zeroed``): launches on one stream run in order, and every launch leaves the flags at
+    zero as it found them (``zeroed``: the slots too, for ``split_sum="atomic"``, which adds
+    into them; the ordered sums leave their partials behind, so they get their own pair).
+    Grown by doubling and never freed, so a CUDA graph that captured a launch keeps valid
+    pointers; a capture allocates its own pair (its zeroing replays with it)."""
     from cutlass.cute.runtime import from_dlpack
 
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    key = (device, torch.cuda.current_stream(device).cuda_stream, zeroed)
     held = _K_WORKSPACE.get(key)
     need = (slots * tile_elems, flags)
     if held is None or held[0].numel() < need[0] or held[1].numel() < need[1]:
         if held is not None:  # a captured CUDA graph may still point at it: never free it
             _K_WORKSPACE_RETIRED.append(held)
         size = [max(n, 2 * held[i].numel() if held else 0) for i, n in enumerate(need)]
-        partials = torch.empty(size[0], dtype=torch.float32, device=device)
+        partials = (torch.zeros if zeroed else torch.empty)(size[0], dtype=torch.float32,
+                                                            device=device)
         flags_t = torch.zeros(size[1], dtype=torch.int32, device=device)
         held = (partials, flags_t,
                 from_dlpack(partials, assumed_align=16).mark_layout_dynamic(),

@@ -97,6 +97,14 @@ class GemmConfig:
     # arrive sums all the partials and stores the tile (nobody waits, so no unit can
     # block another: see ``_split_k_finish``).
     split_k: int = 1
+    # how split-K's partials meet. "ordered": each unit stores its fp32 partial in a slot of
+    # its own and the last to arrive reads every slot and sums them in slot order (the same
+    # bits whichever unit arrives last; the last unit reads split_k tiles through one SM).
+    # "atomic": every unit adds its partial into the tile's one fp32 slot with vector
+    # atomic adds (red.global.add.v4.f32, summed in L2), so the last unit reads one tile
+    # whatever split_k is, and puts zeros back for the next launch; the fp32 sum's order,
+    # and so its last bits, depend on the arrival order. Not yet run on a GPU (2026-12-01)
+    split_sum: str = "ordered"
     # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
     # idles in a partial last wave; a tile cut between CTAs is finished by the CTA that has
     # its first k-tile, after adding the fp32 partials the others left in a workspace
@@ -139,6 +147,10 @@ class GemmConfig:
             raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
         if self.split_k < 1:
             raise ValueError(f"split_k={self.split_k}: at least 1")
+        if self.split_sum not in ("ordered", "atomic"):
+            raise ValueError(f"split_sum={self.split_sum!r}: 'ordered' or 'atomic'")
+        if self.split_sum == "atomic" and self.split_k == 1:
+            raise ValueError("split_sum='atomic' sums split-K's partials: it needs split_k > 1")
         if self.stream_k and (self.pingpong or self.multicast or self.split_k > 1):
             raise ValueError("stream_k runs the cooperative schedule with cluster (1, 1) and "
                              "no split_k")
@@ -725,6 +737,26 @@ class HopperGemm:
                 regs[e, i] = regs[e, i] + part[e]
 
     @cute.jit
+    def _reduce_partial(self, acc, mPartials, slot, tid, threads):
+        """``split_sum="atomic"``: the accumulator added into workspace slot ``slot``, 16 bytes
+        per atomic (red.global.add.v4.f32: L2 does the adds, nothing comes back)."""
+        regs, slots = self._partial_views(acc, mPartials, tid, threads)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.arch.red(slots[(None, i, slot)].iterator, regs[(None, i)].load().ir_value(),
+                          op="add", dtype="f32", sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def _take_sum(self, acc, mPartials, slot, tid, threads):
+        """``split_sum="atomic"``, the tile's last unit: the accumulator becomes the slot's sum
+        of every unit's partial, and the slot goes back to zero for the next launch."""
+        regs, slots = self._partial_views(acc, mPartials, tid, threads)
+        zeros = cute.make_rmem_tensor((4,), cutlass.Float32)
+        zeros.fill(0.0)
+        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+            cute.autovec_copy(slots[(None, i, slot)], regs[(None, i)])
+            cute.autovec_copy(zeros, slots[(None, i, slot)])
+
+    @cute.jit
     def _sum_partials(self, acc, mPartials, first_slot, tid, threads):
         """The accumulator becomes the sum of the tile's ``split_k`` slots in slot order, its
         own slot included. No branch on which slice this is: every load sits in one basic
@@ -778,7 +810,11 @@ class HopperGemm:
         for another, so no order of CTAs on the SMs (a later wave, another kernel beside
         this one) can stall it."""
         slices = self.cfg.split_k
-        self._store_partial(acc, mPartials, tile * slices + split, tid, threads)
+        atomic = self.cfg.split_sum == "atomic"
+        if cutlass.const_expr(atomic):
+            self._reduce_partial(acc, mPartials, tile, tid, threads)
+        else:
+            self._store_partial(acc, mPartials, tile * slices + split, tid, threads)
         sync.arrive_and_wait()
         if tid == 0:
             cute.arch.fence_acq_rel_gpu()
@@ -790,5 +826,8 @@ class HopperGemm:
         sync.arrive_and_wait()
         last = sTickets[team] == slices - 1
         if last:
-            self._sum_partials(acc, mPartials, tile * slices, tid, threads)
+            if cutlass.const_expr(atomic):
+                self._take_sum(acc, mPartials, tile, tid, threads)
+            else:
+                self._sum_partials(acc, mPartials, tile * slices, tid, threads)
         return last
