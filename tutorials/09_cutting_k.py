@@ -21,7 +21,10 @@ epilogue of 07; only the list of work units and the hand-over of fp32 partial su
                          stores its partial in a workspace slot, then one thread takes a
                          ticket (atom.add.acq_rel on the tile's counter). The unit with the
                          last ticket sums all the partials (slot order) and stores C;
-                         nobody waits.
+                         nobody waits. (``split_sum="atomic"``, opt-in, not yet run on a
+                         GPU: each unit adds its partial into the tile's one slot with
+                         red.global.add.v4.f32 instead, and the last reads that slot once
+                         and zeroes it: one tile read however many slices.)
     stream-K             whole waves stay whole; the k-tiles of the rest are cut into one
                          equal range per CTA (``stream_k_unit``). The CTA holding a tile's
                          first k-tile owns it: it spins (ld.acquire) on the flags of the CTAs
