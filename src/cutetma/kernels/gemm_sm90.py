@@ -41,7 +41,8 @@ k-tiles evenly between all CTAs (the CTA holding a tile's first k-tile waits for
 partials). Both keep every operand, stage and epilogue as they are; only the work list and
 the hand-over differ::
 
-    workspace    mPartials: fp32 tile slots (16-byte vectors, the MMA's thread order)
+    workspace    mPartials: fp32 tile slots (16-byte vectors, the MMA's thread order); with
+                 split_sum="atomic" one per tile, added into by vector atomics, kept zero
                  mFlags: split-K a ticket counter per tile, stream-K a ready flag per CTA
                  (zero before a launch, zero after it: whoever reads one resets it)
 
@@ -803,12 +804,13 @@ class HopperGemm:
     def _split_k_finish(self, acc, mPartials, mCounters, sTickets, tile, split, team, tid,
                         threads, sync):
         """Split-K after a unit's mainloop: store the partial in slot ``tile * split_k +
-        split``, then (one thread, after everyone's stores, acq_rel) take a ticket from the
-        tile's counter. The unit with the last ticket sums every slice's partial (its own
-        included, in slot order: ``_sum_partials``) and returns True (it stores the tile),
-        resetting the counter for the next launch; the others return False. No unit waits
-        for another, so no order of CTAs on the SMs (a later wave, another kernel beside
-        this one) can stall it."""
+        split`` (``split_sum="atomic"``: add it into slot ``tile``), then (one thread, after
+        everyone's stores, acq_rel) take a ticket from the tile's counter. The unit with the
+        last ticket sums every slice's partial (its own included, in slot order:
+        ``_sum_partials``; atomic: reads the one slot and zeroes it, ``_take_sum``) and
+        returns True (it stores the tile), resetting the counter for the next launch; the
+        others return False. No unit waits for another, so no order of CTAs on the SMs (a
+        later wave, another kernel beside this one) can stall it."""
         slices = self.cfg.split_k
         atomic = self.cfg.split_sum == "atomic"
         if cutlass.const_expr(atomic):
