@@ -41,7 +41,10 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
     "tma": [dict(load="tma", **t) for t in LARGE_M]
     + [dict(load="tma", tile=(64, 256), schedule="pingpong"),
        dict(load="tma", tile=(128, 128), schedule="pingpong")],
-    "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))],
+    "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))]
+    # B multicast to two 128 x 128 tiles: 1.03-1.08x the same tiles alone at M = 256
+    # (gemm_m256_clusters.json, 2026-12-01); offered up to M = 512 (``candidates``)
+    + [dict(load="tma", cluster=(2, 1), tile=(128, 128))],
     "cp_async": [dict(load="cp_async", **t) for t in LARGE_M],
 }
 
@@ -84,6 +87,11 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
             if split > 1 and name == "tma" and tile == (128, 128):
                 # pingpong: one warpgroup's hand-over can hide under the other's WGMMAs
                 seen.append(dict(load=name, tile=tile, schedule="pingpong", split_k=split))
+        if -(-m // 128) * -(-n // 128) < SM_COUNT:  # few 128 x 128 tiles: 64-row tiles
+            split = split_for_waves(m, n, k, (64, 128), SM_COUNT)
+            small = dict(load=name, tile=(64, 128), **({"split_k": split} if split > 1 else {}))
+            if small not in seen:
+                seen.append(small)
         if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
             seen.append(dict(load=name, tile=(128, 256), stream_k=True))
             seen += [dict(load=name, tile=tile) for tile in NARROW_TILES]
@@ -92,8 +100,8 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
         extra = [dict(load=name, tile=t) for t in EXTRA_TILES] if name == "tma" else []
         seen += [c for c in [chosen, *extra] if c not in seen]
     for kwargs in MECHANISMS[name]:
-        if m > 64:
-            options = [kwargs]
+        if m > 64:  # narrow multicast tiles only where 128 x 256 tiles are few
+            options = [kwargs] if m <= 512 or kwargs.get("tile") != (128, 128) else []
         elif kwargs.get("cluster", (1, 1))[0] == 1 and kwargs.get("schedule") is None:
             options = [dict(kwargs, **small) for small in SMALL_M]
         else:
@@ -212,7 +220,8 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
     # what a user gets: cutetma.gemm(a, b) with no options (ops.auto_tile_and_split)
     chosen = ops._gemm_config(m, n, "tma", None, None, SM_COUNT, split_k=None, k=k)
     row["tma_default_config"] = {"tile": [chosen.tile_m, chosen.tile_n],
-                                 "split_k": chosen.split_k, "schedule": chosen.schedule}
+                                 "split_k": chosen.split_k, "schedule": chosen.schedule,
+                                 "split_sum": chosen.split_sum}
     rel = (ops.gemm(a, b).float() - ref.float()).abs().max().item() / scale
     if rel < 2e-2:
         row["tma_default"] = flops / bench(lambda: ops.gemm(a, b)) / 1e9

@@ -7,7 +7,8 @@
 For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 tiles fill
 the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
 ``gemm_sustained.py``: ``ours:key=value,...`` are ``cutetma.gemm`` keyword arguments, checked
-against cuBLAS's result first) are timed in turn, ``--rounds`` times, on the same randn data
+against cuBLAS's result first; ``split_k=wave`` takes the most slices that fit one wave for
+the spec's tile in each cell) are timed in turn, ``--rounds`` times, on the same randn data
 (``gemm.bench``: CUDA-graph replays, median); a cell's figures are the medians of its rounds.
 Alternating keeps every contender in the same power state: on this card the clock under the
 power cap moves by several % within a minute, far more than most single changes are worth.
@@ -53,6 +54,22 @@ def summarize(rows, specs) -> dict:
     return out
 
 
+def resolve(kwargs: dict, m: int, n: int, k: int) -> dict:
+    """``split_k=wave``: the most slices whose units fit one wave of the SMs for the spec's
+    tile in this cell (``ops.wave_split``), so one spec follows the cells' sizes."""
+    if kwargs.get("split_k") != "wave":
+        return kwargs
+    from cutetma import ops
+
+    if "tile" not in kwargs:
+        raise SystemExit("split_k=wave needs a tile=MxN in the same spec")
+    split = ops.wave_split(m, n, k, kwargs["tile"])
+    out = dict(kwargs, split_k=split)
+    if split == 1:
+        out.pop("split_sum", None)  # nothing to sum
+    return out
+
+
 def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dict:
     import torch
 
@@ -65,6 +82,9 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dic
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
     fns = {"cublas": lambda: a @ b.T}
     for spec, kwargs in specs.items():
+        if kwargs.get("split_k") == "wave":
+            kwargs = resolve(kwargs, m, n, k)
+            row[f"{spec}_split_k"] = kwargs["split_k"]
         def ours(kwargs=kwargs):
             return ops.gemm(a, b, **kwargs)
         try:

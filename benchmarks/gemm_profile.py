@@ -11,8 +11,9 @@ outside it). ``run_ncu()`` builds that command, runs it and writes the table as 
 profiles one launch of ours per spec (``cutetma.gemm`` with those keyword arguments, as in
 ``gemm_sustained.py``; ``dtype=bfloat16`` picks the inputs' type, fp16 otherwise) with ncu's
 source counters: the SASS listing with its warp-stall samples (``gemm_sass_<spec>.csv.gz``)
-and where the warps wait most and why (``gemm_sass_<spec>.json``), e.g. where split-K's
-hand-over spends its time: ``256x512x5120/tile=128x128,split_k=4``.
+and where the warps wait most and why (``gemm_sass_<spec>.json``, all of them together in
+``gemm_sass.json``; ``--collect OUT_DIR`` rebuilds that file), e.g. where split-K's hand-over
+spends its time: ``256x512x5120/tile=128x128,split_k=4``.
 """
 
 from __future__ import annotations
@@ -236,6 +237,24 @@ def source_workload(spec: str):
     torch.cuda.nvtx.range_pop()
 
 
+def collect_source(out_dir: Path, name: str = "gemm_sass") -> Path:
+    """The per-spec summaries in ``out_dir`` as one results file, ``<name>.json``: the
+    first profile's ``meta`` (the GPU's), one row per spec (its ``meta`` and column list
+    dropped; the SASS listings stay in the ``.csv.gz`` files)."""
+    docs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("gemm_sass_*.json"))]
+    if not docs:
+        raise SystemExit(f"no gemm_sass_*.json in {out_dir}")
+    rows = [{k: v for k, v in doc.items() if k not in ("meta", "columns", "rows")}
+            for doc in docs]
+    meta = dict(docs[0]["meta"], command="python benchmarks/gemm_profile.py --source "
+                f"{out_dir.name} " + " ".join(f"{r['M']}x{r['N']}x{r['K']}/" + ",".join(
+                    f"{k}={'x'.join(map(str, v)) if isinstance(v, list) else v}"
+                    for k, v in r["config"].items()) for r in rows))
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return path
+
+
 def run_source(out_dir: Path, specs) -> int:
     status = 0
     for spec in specs:
@@ -246,6 +265,7 @@ def run_source(out_dir: Path, specs) -> int:
             {"M": m, "N": n, "K": k, "dtype": dtype,
              "config": {key: list(v) if isinstance(v, tuple) else v
                         for key, v in kwargs.items()}})
+    print("wrote", collect_source(out_dir))
     return status
 
 
@@ -254,6 +274,8 @@ if __name__ == "__main__":
         workload()
     elif "--source-workload" in sys.argv:
         source_workload(sys.argv[sys.argv.index("--source-workload") + 1])
+    elif "--collect" in sys.argv:  # the summaries of an earlier --source run, as one file
+        print("wrote", collect_source(Path(sys.argv[sys.argv.index("--collect") + 1])))
     elif "--source" in sys.argv:
         rest = sys.argv[sys.argv.index("--source") + 1:]
         sys.exit(run_source(Path(rest[0]), rest[1:] or ["256x512x5120/tile=128x128,split_k=4"]))

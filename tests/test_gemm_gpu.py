@@ -16,7 +16,7 @@ VARIANTS = [
     dict(load="tma", schedule="pingpong"), dict(load="tma", schedule="pingpong", cluster=(2, 1)),
     dict(load="tma", schedule="pingpong", tile=(64, 256)),
     dict(load="tma", schedule="pingpong", tile=(128, 128)),
-    dict(load="tma", split_k=3), dict(load="cp_async", split_k=2),
+    dict(load="tma", split_k=3, split_sum="ordered"), dict(load="cp_async", split_k=2),
     dict(load="cp_async", schedule="pingpong"),
     dict(load="tma", stream_k=True), dict(load="tma", stream_k=True, tile=(128, 128)),
     dict(load="cp_async", stream_k=True),
@@ -162,8 +162,8 @@ def test_errors_before_launch():
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
-@pytest.mark.parametrize("cut", [dict(stream_k=True), dict(split_k=3), dict(split_k=2,
-                                                                          tile=(128, 128)),
+@pytest.mark.parametrize("cut", [dict(stream_k=True), dict(split_k=3, split_sum="ordered"),
+                                 dict(split_k=2, tile=(128, 128)),
                                  dict(split_k=4, tile=(128, 128), split_sum="atomic")],
                          ids=_named)
 def test_k_cuts_relaunch_and_graph_replay(load, cut):
@@ -222,22 +222,60 @@ def test_store_under_mma_many_tiles_relaunch_and_graph_replay(tile):
     replay_and_check(graph, a, b, out, 3)
 
 
-@pytest.mark.parametrize("cut", [dict(split_k=3), dict(split_k=2, tile=(128, 160)),
-                                 dict(split_k=2, tile=(128, 128), schedule="pingpong")],
+@pytest.mark.parametrize("cut", [dict(split_k=3, split_sum="ordered"),
+                                 dict(split_k=2, tile=(128, 160)),
+                                 dict(split_k=2, tile=(128, 128), schedule="pingpong"),
+                                 dict(deterministic=True)],
                          ids=_named)
 def test_split_k_is_bitwise_reproducible(cut):
     """The last slice to arrive sums every slice's partial in slot order, so which slice
-    that is (it varies from launch to launch) does not change a bit of the result."""
+    that is (it varies from launch to launch) does not change a bit of the result; with
+    ``torch.use_deterministic_algorithms(True)`` the automatic choice (here 8 slices, which
+    would otherwise add atomically) keeps that promise."""
     import torch
 
     from cutetma import ops
 
-    a = torch.randn(512, 5120, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(1536, 5120, device="cuda", dtype=torch.bfloat16)
-    first = ops.gemm(a, b, **cut)
-    check(a, b, first)
-    for _ in range(20):
-        assert torch.equal(ops.gemm(a, b, **cut), first)
+    cut = dict(cut)
+    deterministic = cut.pop("deterministic", False)
+    shape = (256, 512, 5120) if deterministic else (512, 1536, 5120)
+    a = torch.randn(shape[0], shape[2], device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(shape[1], shape[2], device="cuda", dtype=torch.bfloat16)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic or before)
+    try:
+        first = ops.gemm(a, b, **cut)
+        check(a, b, first)
+        for _ in range(20):
+            assert torch.equal(ops.gemm(a, b, **cut), first)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_automatic_choices_for_small_outputs(load, dtype):
+    """What ``cutetma.gemm`` picks by itself where the output has few tiles (64 x 128 tiles,
+    K split into up to 8 slices added atomically, since 2026-12-01), on shapes that are not
+    multiples of its tiles, relaunched into poisoned outputs (a slot left non-zero by one
+    launch would add into the next)."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    shapes = [(256, 512, 5120), (255, 509, 5111), (512, 512, 5120), (2047, 511, 5120),
+              (200, 1536, 5000), (64, 1536, 5120), (17, 4096, 14336), (129, 1000, 4097)]
+    for m, n, k in shapes * 2:
+        cfg = ops._gemm_config(m, n, load, None, None, 132, split_k=None, k=k)
+        a = torch.randn(m, k, device="cuda", dtype=t)
+        b = torch.randn(n, k, device="cuda", dtype=t)
+        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda", dtype=t)[:, :n]
+        ops.gemm(a, b, out=out, load=load)
+        try:
+            check(a, b, out)
+        except AssertionError as exc:
+            raise AssertionError(f"{(m, n, k)} with {cfg}: {exc}") from None
 
 
 def test_graph_survives_workspace_growth():

@@ -209,26 +209,58 @@ def test_split_for_waves_follows_the_wave_model(mnk, tile, split):
     assert ops.wave_efficiency(mnk[0], mnk[1], tile) == tiles / (-(-tiles // 132) * 132)
 
 
-@pytest.mark.parametrize("mnk,tile,split", [
+@pytest.mark.parametrize("mnk,tile,split,split_sum", [
     # M > 64: the grid_time model; each case is a measured winner on the H200 (gemm.json,
-    # gemm_narrow_every.json, 2026-11-30)
-    ((256, 512, 5120), (128, 128), 4),     # 8 tiles: 32 units
-    ((2048, 512, 5120), (128, 128), 2),    # 64 tiles in half a wave: 128 units
-    ((512, 5120, 5120), (128, 160), 1),    # 128 x 256: 80 tiles; 128 x 160: 128 (1.3x)
-    ((256, 12288, 5120), (128, 192), 1),   # 96 tiles of 128 x 256, 128 of 128 x 192
-    ((2048, 5120, 5120), (128, 160), 1),   # 2.4 waves of 128 x 256, 3.9 of 128 x 160
-    ((8192, 8192, 8192), (128, 256), 1),   # 1024 tiles: full waves of the widest tile
+    # gemm_narrow_every.json, 2026-11-30; gemm_small_outputs.json, 2026-12-01)
+    ((256, 512, 5120), (64, 128), 8, "atomic"),    # 16 tiles x 8 slices: 0.95x cuBLAS
+    ((512, 512, 5120), (64, 128), 4, "atomic"),    # 32 x 4 (128 x 128, 4 ordered: 0.78x)
+    ((2048, 512, 5120), (64, 128), 1, "ordered"),  # 128 tiles: no hand-over at all
+    ((512, 1536, 5120), (64, 128), 1, "ordered"),  # 0.88x; 128 x 128, 2 slices: 0.80x
+    ((256, 1536, 5120), (64, 128), 2, "ordered"),  # 0.87-0.91x; 128 x 128, 4: 0.82-0.83x
+    ((512, 5120, 5120), (128, 160), 1, "ordered"),  # 128 x 256: 80 tiles; 128 x 160: 128
+    ((256, 12288, 5120), (128, 192), 1, "ordered"),  # 96 tiles of 128 x 256, 128 x 192: 128
+    ((2048, 5120, 5120), (128, 160), 1, "ordered"),  # 2.4 waves of 128 x 256, 3.9 of x 160
+    ((8192, 8192, 8192), (128, 256), 1, "ordered"),  # 1024 tiles: full waves, widest tile
+    ((8192, 512, 5120), (128, 256), 1, "ordered"),   # 128 tiles: 64 x 128 lost there (0.7x)
     # M <= 64: split_k_for, 64 x 128 tiles
-    ((16, 4096, 14336), (64, 128), 4),     # 32 tiles but K = 14336: won
-    ((64, 6144, 4096), (64, 128), 1),      # 48 tiles, K = 4096: split-K lost there
-    ((16, 512, 512), (64, 128), 1),        # 8 k-tiles: too short to cut
+    ((16, 4096, 14336), (64, 128), 4, "atomic"),   # 32 tiles but K = 14336: won
+    ((64, 6144, 4096), (64, 128), 1, "ordered"),   # 48 tiles, K = 4096: split-K lost there
+    ((16, 512, 512), (64, 128), 1, "ordered"),     # 8 k-tiles: too short to cut
 ])
-def test_automatic_split_k_follows_the_measurements(mnk, tile, split):
+def test_automatic_split_k_follows_the_measurements(mnk, tile, split, split_sum):
     from cutetma import ops
 
     m, n, k = mnk
     cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
-    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (*tile, split)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_sum) == (*tile, split, split_sum)
+
+
+def test_split_sum_follows_the_hand_over_model_unless_asked_for_determinism():
+    """The atomic sum's hand-over stays flat as slices are added and the ordered one grows,
+    so the automatic choice for 64-row tiles is atomic from 3 slices on; under
+    ``torch.use_deterministic_algorithms(True)`` it is always ordered (the atomic sum's last
+    bits depend on the slices' order), and an explicit ``split_sum`` is kept."""
+    import torch
+
+    from cutetma import ops
+
+    assert ops.hand_over(1) == ops.hand_over(1, "atomic") == 0
+    assert ops.hand_over(2, "ordered") < ops.hand_over(2, "atomic")
+    assert all(ops.hand_over(s, "atomic") < ops.hand_over(s, "ordered") for s in range(3, 17))
+    assert [ops.split_sum_for(s) for s in (1, 2, 3, 8)] == ["ordered"] * 2 + ["atomic"] * 2
+    assert ops.split_sum_for(8, (128, 128)) == "ordered"  # 128-row tiles: measured no gain
+    auto = ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=None, k=14336)
+    explicit = ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=4, k=14336,
+                                split_sum="ordered")
+    assert (auto.split_sum, explicit.split_sum) == ("atomic", "ordered")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert ops.split_sum_for(8) == "ordered"
+        cfg = ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=None, k=14336)
+        assert cfg.split_k > 1 and cfg.split_sum == "ordered"
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 @pytest.mark.parametrize("mnk,schedule", [
@@ -519,6 +551,13 @@ def test_ab_benchmark_cells_and_summary():
     assert summary["geomean a / cublas"] == pytest.approx((0.9 * 1.1 * 0.5) ** (1 / 3))
     with pytest.raises(SystemExit):
         gemm_ab.main(["--kernels", "cublas"])
+    # split_k=wave: the most slices whose units fit one wave, per cell; none: no sum to pick
+    wave = {"tile": (64, 128), "split_k": "wave", "split_sum": "atomic"}
+    assert gemm_ab.resolve(wave, 256, 512, 5120)["split_k"] == 8    # 16 tiles x 8
+    assert gemm_ab.resolve(wave, 512, 512, 5120)["split_k"] == 4    # 32 tiles x 4
+    assert gemm_ab.resolve(wave, 2048, 512, 5120) == {"tile": (64, 128), "split_k": 1}
+    with pytest.raises(SystemExit, match="tile"):
+        gemm_ab.resolve({"split_k": "wave"}, 256, 512, 5120)
 
 
 def test_source_profile_plumbing_with_a_stand_in_ncu(tmp_path, monkeypatch):
@@ -564,6 +603,10 @@ esac
     assert summary["top"][0]["sass"].startswith("SYNCS") and summary["samples_total"] == 100
     with gzip.open(tmp_path / "out" / f"{name}.csv.gz", "rt") as f:
         assert "HGMMA" in f.read()
+    combined = json.loads((tmp_path / "out" / "gemm_sass.json").read_text())
+    assert set(combined) == {"meta", "rows"} and len(combined["rows"]) == 1
+    assert combined["rows"][0]["config"] == summary["config"] and "columns" not in combined
+    assert combined["meta"]["command"].endswith("256x512x5120/tile=128x128,split_k=4")
 
 
 def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):

@@ -204,11 +204,17 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
 # little less efficiently. On the H200 (2026-11-30) 128 x 128 was fitted to the winners of the
 # grid, 160 and 192 to the k-tile times of gemm_narrow_every.json (0.38-0.44 / 0.49-0.53 /
 # 0.57-0.62 / 0.69-0.81 us at 128 / 160 / 192 / 256 wide); with them the model picks the
-# measured fastest (tile, slices) in 121 of 133 cooperative cells with M >= 256 (gemm.json)
-K_TILE_TIME = {(128, 256): 1.0, (128, 192): 0.8, (128, 160): 0.69, (128, 128): 0.56}
+# measured fastest (tile, slices) in 121 of 133 cooperative cells with M >= 256 (gemm.json).
+# 64 x 128 (2026-12-01, gemm_small_outputs.json): fitted with the atomic hand-over below to
+# 63 timings of small outputs (N = 512 / 1536, K = 5120): a k-tile of half a 128 x 128 tile
+# takes 0.35 / 0.56 of its time, since each SM's loads, not its WGMMAs, bound such a tile
+K_TILE_TIME = {(128, 256): 1.0, (128, 192): 0.8, (128, 160): 0.69, (128, 128): 0.56,
+               (64, 128): 0.35}
 # the tiles ``cutetma.gemm`` chooses from for M > 64: the widths between 128 and 256 fit a
-# shape's tiles to the SMs (512 x 5120: 80 tiles of 128 x 256 on 132 SMs, 128 of 128 x 160)
-AUTO_TILES = ((128, 256), (128, 192), (128, 160), (128, 128))
+# shape's tiles to the SMs (512 x 5120: 80 tiles of 128 x 256 on 132 SMs, 128 of 128 x 160);
+# 64 x 128 gives outputs of a few 128 x 128 tiles enough units for the SMs (2048 x 512: 128
+# tiles; 256 x 512: 16 tiles x 8 slices)
+AUTO_TILES = ((128, 256), (128, 192), (128, 160), (128, 128), (64, 128))
 
 
 def k_tile_time(tile) -> float:
@@ -220,18 +226,43 @@ def k_tile_time(tile) -> float:
     return 0.1 + 0.9 * tile[1] / 256
 
 
+def hand_over(slices: int, split_sum: str = "ordered") -> float:
+    """A split unit's hand-over in its own k-tile times (``grid_time``). Ordered: store the
+    fp32 partial, fence, ticket, and the last slice reads every other slice's slot, about
+    6 + 5 (slices - 1) (``gemm_split_every.json``, 2026-11-30: 8 us per unit at 2 slices,
+    11-13 us at 3). Atomic: every slice adds into one slot in L2 and the last reads it once,
+    about 14 whatever the count (fitted with the 64 x 128 k-tile time to
+    ``gemm_small_outputs.json`` and ``gemm_split_atomic.json``, 2026-12-01), so it pays
+    from 3 slices on."""
+    if slices == 1:
+        return 0.0
+    return 14.0 if split_sum == "atomic" else 6.0 + 5.0 * (slices - 1)
+
+
+def split_sum_for(slices: int, tile=(64, 128)) -> str:
+    """How ``slices`` slices of a ``tile`` meet by default: ``"atomic"`` for 64-row tiles
+    from 3 slices on, where ``hand_over`` says it is faster and the H200 agreed (M <= 64:
+    1.06x the ordered sum over 10 cells, gemm_small_m_atomic.json; 256 x 512 x 5120: 0.97x
+    cuBLAS against 0.71x, 2026-12-01); ``"ordered"`` for 128-row tiles, where the atomic sum
+    measured 0.91-1.03x the ordered one (gemm_changed_defaults.json), and always under
+    ``torch.use_deterministic_algorithms(True)`` (the atomic sum's last bits depend on the
+    order the slices arrive in; the ordered sum gives the same bits every launch)."""
+    if slices > 1 and tile[0] == 64 and not torch.are_deterministic_algorithms_enabled():
+        if hand_over(slices, "atomic") < hand_over(slices, "ordered"):
+            return "atomic"
+    return "ordered"
+
+
 def grid_time(m: int, n: int, k: int, tile=(128, 256), slices: int = 1,
-              sm_count: int = 132) -> float:
+              sm_count: int = 132, split_sum: str | None = None) -> float:
     """A time model of the persistent grid, in k-tile times of a 128 x 256 tile: waves of
-    work units times (k-tiles per unit + the unit's hand-over when K is split). The
-    hand-over (store the fp32 partial, fence, ticket; the last slice reads the others'
-    partials) was measured on the H200 at about 6 + 5 (slices - 1) k-tiles
-    (``gemm_split_every.json``, 2026-11-30: 8 us per unit at 2 slices, 11-13 us at 3)."""
+    work units times (k-tiles per unit + the unit's ``hand_over`` when K is split;
+    ``split_sum`` None: the faster sum, ``split_sum_for``)."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
-    hand_over = 0 if slices == 1 else 6 + 5 * (slices - 1)
     waves = -(-tiles * slices // sm_count)
-    return waves * (-(-k_tiles // slices) + hand_over) * k_tile_time(tile)
+    cost = hand_over(slices, split_sum or split_sum_for(slices, tile))
+    return waves * (-(-k_tiles // slices) + cost) * k_tile_time(tile)
 
 
 def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
@@ -241,6 +272,16 @@ def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132
     k_tiles = -(-k // 64)
     options = [s for s in range(1, most + 1) if s == 1 or k_tiles >= 4 * s]
     return min(options, key=lambda s: grid_time(m, n, k, tile, s, sm_count))
+
+
+def wave_split(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
+               most: int = 16) -> int:
+    """The most K slices (1..``most``, each >= 4 k-tiles) whose work units still fit one
+    wave: ``tiles * slices <= sm_count`` (an ablation's candidate, ``gemm_ab.py``'s
+    ``split_k=wave``)."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    k_tiles = -(-k // 64)
+    return max(1, min(most, sm_count // tiles, k_tiles // 4))
 
 
 def pingpong_pays(m: int, k: int) -> bool:
@@ -262,7 +303,7 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str | None = None, split_k: int | None = 1, k: int = 0,
                  stream_k: bool = False, store_under_mma: bool | None = None,
-                 split_sum: str = "ordered"):
+                 split_sum: str | None = None):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -303,7 +344,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
                       raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k,
                       stream_k=stream_k, store_under_mma=bool(store_under_mma),
-                      split_sum=split_sum if split_k > 1 else "ordered")
+                      split_sum=(split_sum or split_sum_for(split_k, tile)) if split_k > 1
+                      else "ordered")
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -339,7 +381,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          out_dtype: torch.dtype | None = None, trans_b: bool = True, load: str = "tma",
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
          schedule: str | None = None, split_k: int | None = None, stream_k: bool = False,
-         store_under_mma: bool | None = None, split_sum: str = "ordered",
+         store_under_mma: bool | None = None, split_sum: str | None = None,
          allow_copy: bool = True, config=None) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
@@ -368,7 +410,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``split_sum``: how split-K's slices meet, ``"ordered"`` (each its own fp32 slot, summed in
     slot order by the last: the same bits every launch) or ``"atomic"`` (vector atomic adds
     into one fp32 tile, so the last slice reads one tile however many there are; the last
-    bits depend on the order; not yet run on a GPU). Ignored where K is not split.
+    bits depend on the order); ``None`` (the default): atomic for 64-row tiles from 3 slices
+    on, where it measured faster (``split_sum_for``), else ordered, and always ordered under
+    ``torch.use_deterministic_algorithms(True)``.
+    Ignored where K is not split.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
     """
