@@ -8,6 +8,32 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 5 calls, about 1,130 s)::
+
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic             # 6 passed, 28 s
+    python benchmarks/gemm_ab.py --cells 256x512x5120 512x512x5120 ... --rounds 5 \
+        --kernels ours ours:tile=128x128,split_k=4 ours:tile=128x128,split_k=8,split_sum=atomic ...
+    python benchmarks/gemm_profile.py --source OUT_DIR 256x512x5120/tile=128x128,split_k=4 \
+        256x512x5120/tile=128x128,split_k=8,split_sum=atomic 512x1536x5120/tile=128x128,split_k=2
+    python benchmarks/gemm_ab.py --cells ... --kernels ours \
+        ours:tile=64x128,split_k=wave,split_sum=atomic ...      # small outputs
+    python benchmarks/gemm_ab.py --cells ... --kernels ours \
+        ours:load=tma_multicast,cluster=2x1,tile=128x128 ...    # M = 256 clusters
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "automatic_choices or bitwise or k_cuts \
+        or graph_survives or atomic or paper_shapes"                        # 27 passed, 139 s
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16             # 214 s
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bf16            # 196 s
+    python -m pytest -q -m gpu 'tests/test_gemm_gpu.py::test_random_shapes[load=tma-float16]' ...
+                                          # the default / cp_async / split_k=3 variants: 14 passed
+    python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json   # on the host, no GPU
+
+Next: the 2 x 1 multicast of 128 x 128 tiles in ``cutetma.gemm``'s own choice at M = 256 / 512
+where those tiles make about one wave (``gemm_m256_clusters.json``: 256x8192x8192 0.89 ->
+0.95x); the default cluster at the power cap over more shapes and both dtypes
+(``gemm_sustained.py --cells ... --kernels cublas ours ours:load=tma_multicast,cluster=2x1``),
+where the 2 x 1 multicast has led in every sustained comparison so far while the short grids
+rank it behind.
+
 Session 11's calls (each command under a ``timeout``; ``.snapC/runN.sh`` carried with ``.gpu``)::
 
     python -m pytest -q -m gpu tests/test_attention_gpu.py -k exp2_fma      # 4 passed, 33 s
@@ -22,26 +48,7 @@ Session 11's calls (each command under a ``timeout``; ``.snapC/runN.sh`` carried
                                                          # split it over two calls (-k)
     python benchmarks/gemm.py --dtypes float16 --name gemm_fp16             # 260 s
 
-Next: the bf16 half of the GEMM grid with ``store_under_mma`` on (``--dtypes bfloat16
---name gemm_bf16``, then ``--merge`` with the fp16 half); the default cluster at the power
-cap over more shapes and both dtypes (``gemm_sustained.py --cells ... --kernels cublas ours
-ours:load=tma_multicast,cluster=2x1``), where the 2 x 1 multicast has led in every sustained
-comparison so far while the short grids rank it behind; and where split-K's hand-over spends
-its time in the grid's worst cells (0.71-0.84x cuBLAS), with ncu's source counters (new in
-session 11, its plumbing host-tested against a stand-in ncu)::
-
-    python benchmarks/gemm_profile.py --source OUT_DIR 256x512x5120/tile=128x128,split_k=4 \
-        512x1536x5120/tile=128x128,split_k=2 512x1536x5120/tile=128x128,split_k=1
-
-and split-K's slices added by vector atomics into one fp32 tile (``split_sum="atomic"``,
-written and host-tested in session 11, not yet run: its GPU tests first, then whether the
-hand-over stops growing with the slices, so that more of them fill the SMs)::
-
-    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic          # 6 tests
-    python benchmarks/gemm_ab.py --cells 256x512x5120 512x512x5120 512x1536x5120 \
-        256x1536x5120 2048x512x5120 --rounds 5 --kernels ours:tile=128x128,split_k=4 \
-        ours:tile=128x128,split_k=4,split_sum=atomic ours:tile=128x128,split_k=8,split_sum=atomic \
-        ours:tile=128x128,split_k=16,split_sum=atomic
+(Session 11's next steps, the bf16 grid and split_sum='atomic' on the GPU, ran in session 12.)
 
 Session 10's calls (the old build as ``.snapA``, ``git archive HEAD src benchmarks``)::
 

@@ -21,10 +21,12 @@ epilogue of 07; only the list of work units and the hand-over of fp32 partial su
                          stores its partial in a workspace slot, then one thread takes a
                          ticket (atom.add.acq_rel on the tile's counter). The unit with the
                          last ticket sums all the partials (slot order) and stores C;
-                         nobody waits. (``split_sum="atomic"``, opt-in, not yet run on a
-                         GPU: each unit adds its partial into the tile's one slot with
-                         red.global.add.v4.f32 instead, and the last reads that slot once
-                         and zeroes it: one tile read however many slices.)
+                         nobody waits. (``split_sum="atomic"``: each unit adds its
+                         partial into the tile's one slot with red.global.add.v4.f32
+                         instead, and the last reads that slot once and zeroes it: one
+                         tile read however many slices. The default for 64-row tiles from
+                         3 slices on; not bitwise reproducible, so never under
+                         ``torch.use_deterministic_algorithms(True)``.)
     stream-K             whole waves stay whole; the k-tiles of the rest are cut into one
                          equal range per CTA (``stream_k_unit``). The CTA holding a tile's
                          first k-tile owns it: it spins (ld.acquire) on the flags of the CTAs
@@ -40,7 +42,7 @@ ticket or flag, the last unit's loads) measured 8 us at two slices and 11-13 us 
 the H200: latency while both consumer warpgroups wait, not bandwidth. So cutting pays only
 where a wave's tail is long: ``ops.grid_time`` models waves x (k-tiles per unit + hand-over)
 x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``ops.AUTO_TILES``: 128 x 256,
-192, 160, 128) and slices it predicts fastest. A fitted tile needs no hand-over at all, so
+192, 160, 128, and 64 x 128 for outputs of a few tiles) and slices it predicts fastest. A fitted tile needs no hand-over at all, so
 it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
 width fits (N = 512 or 1536).
 
