@@ -8,7 +8,7 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 5 calls, about 1,130 s)::
+Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 6 calls, about 1,370 s)::
 
     python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic             # 6 passed, 28 s
     python benchmarks/gemm_ab.py --cells 256x512x5120 512x512x5120 ... --rounds 5 \
@@ -26,10 +26,14 @@ Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 5 calls, about 1,1
     python -m pytest -q -m gpu 'tests/test_gemm_gpu.py::test_random_shapes[load=tma-float16]' ...
                                           # the default / cp_async / split_k=3 variants: 14 passed
     python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json   # on the host, no GPU
+    python benchmarks/gemm_ab.py --cells 256x8192x8192 ... --kernels ours ours:cluster=1x1 \
+        [--dtype bfloat16]                       # the automatic multicast, 17 cells, 40 s each
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py::test_automatic_multicast_at_small_m ...
+                                                 # + paper shapes, default random: 10 passed
 
-Next: the 2 x 1 multicast of 128 x 128 tiles in ``cutetma.gemm``'s own choice at M = 256 / 512
-where those tiles make about one wave (``gemm_m256_clusters.json``: 256x8192x8192 0.89 ->
-0.95x); the default cluster at the power cap over more shapes and both dtypes
+Next: the grid again with the automatic multicast of 128 x 128 tiles at M = 129..512 (run
+after session 12's grid: ``gemm.json``'s ``tma_default`` column predates it); the default
+cluster at the power cap over more shapes and both dtypes
 (``gemm_sustained.py --cells ... --kernels cublas ours ours:load=tma_multicast,cluster=2x1``),
 where the 2 x 1 multicast has led in every sustained comparison so far while the short grids
 rank it behind.

@@ -252,6 +252,28 @@ def test_split_k_is_bitwise_reproducible(cut):
         torch.use_deterministic_algorithms(before)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_automatic_multicast_at_small_m(dtype):
+    """Where ``cutetma.gemm`` puts 128 x 128 tiles in (2, 1) clusters by itself (M = 129..512,
+    about one wave of tiles): shapes that are not multiples of the tile (M = 129: the second
+    CTA of each cluster gets one row), fp16 / fp32 outputs into poisoned buffers."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k in [(256, 7680, 5120), (250, 7000, 5000), (500, 4000, 4097), (129, 8192, 1000)]:
+        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        assert (cfg.cluster_m, cfg.cluster_n) == (2, 1), (m, n, k)
+        a = torch.randn(m, k, device="cuda", dtype=t)
+        b = torch.randn(n, k, device="cuda", dtype=t)
+        for out_dtype in (t, torch.float32):
+            out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                             dtype=out_dtype)[:, :n]
+            ops.gemm(a, b, out=out)
+            check(a, b, out)
+
+
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_choices_for_small_outputs(load, dtype):

@@ -300,6 +300,29 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
     return min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
 
 
+# A k-tile of a 128 x 128 tile whose B tile is multicast to both CTAs of a (2, 1) cluster, in
+# ``grid_time``'s units: each SM loads 24 KB a k-tile instead of 32. Fitted on the H200
+# (gemm_m256_clusters.json, 2026-12-01, 14 cells at M = 256 / 512): with it the model picks
+# the faster of the multicast and the automatic choice in 14 of 14 (the multicast won 5, by
+# 1-8%, where its tiles make about one wave, and lost by 3-33% where they make 1.2-1.5)
+MULTICAST_128_K_TILE_TIME = 0.52
+MULTICAST_MAX_M = 512  # measured up to here; larger M keep their wider tiles
+
+
+def multicast_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
+    """Whether ``cutetma.gemm`` (``load="tma"``, no cluster, tile or split given) runs 128 x
+    128 tiles in (2, 1) clusters that multicast B, rather than ``auto_tile_and_split``'s
+    choice: by ``grid_time`` with ``MULTICAST_128_K_TILE_TIME``, for 256 <= M <= 512 with an
+    even number of 128-row tiles (an odd one would leave a CTA of each last cluster idle)."""
+    tiles_m = -(-m // 128)
+    if not 128 < m <= MULTICAST_MAX_M or tiles_m % 2:
+        return False
+    tiles = tiles_m * -(-n // 128)
+    multicast = -(-tiles // sm_count) * -(-k // 64) * MULTICAST_128_K_TILE_TIME
+    tile, split = auto_tile_and_split(m, n, k, sm_count)
+    return multicast < grid_time(m, n, k, tile, split, sm_count)
+
+
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str | None = None, split_k: int | None = 1, k: int = 0,
                  stream_k: bool = False, store_under_mma: bool | None = None,
@@ -309,6 +332,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
     mechanism = "cp_async" if load == "cp_async" else "tma"
     if load not in ("tma", "tma_multicast", "cp_async"):
         raise ValueError(f"load={load!r}: choose 'tma', 'tma_multicast' or 'cp_async'")
+    auto_cluster = cluster is None and load == "tma"  # (2, 1) where ``multicast_pays``
     if cluster is None:  # measured on the H200 (gemm_tune.json): (2, 1) multicasts B
         cluster = (2, 1) if load == "tma_multicast" else (1, 1)
     if load == "tma_multicast" and cluster[0] * cluster[1] == 1:
@@ -323,6 +347,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
                 if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
                     tile, schedule = (128, 128), "pingpong"
+                elif auto_cluster and multicast_pays(m, n, k, sm_count):
+                    tile, cluster, split_k = (128, 128), (2, 1), 1
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
                 tile = (64, 128) if split_k > 1 else None
@@ -388,7 +414,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
     accumulation, output ``out_dtype`` (default: the input dtype) or into ``out`` (M, N).
     ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (2, 1) unless ``cluster`` says) or
-    ``"cp_async"``, the same kernel with its producer swapped. ``tile`` (tile_m, tile_n):
+    ``"cp_async"``, the same kernel with its producer swapped. With ``"tma"`` and no
+    ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles in (2, 1)
+    clusters that multicast B, where a model measured on the H200 says that is faster
+    (``multicast_pays``); ``cluster=(1, 1)`` keeps one CTA per cluster. ``tile`` (tile_m, tile_n):
     tile_m 64 or 128, tile_n a multiple of 32 from 64 to 256.
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
