@@ -221,7 +221,8 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
     chosen = ops._gemm_config(m, n, "tma", None, None, SM_COUNT, split_k=None, k=k)
     row["tma_default_config"] = {"tile": [chosen.tile_m, chosen.tile_n],
                                  "split_k": chosen.split_k, "schedule": chosen.schedule,
-                                 "split_sum": chosen.split_sum}
+                                 "split_sum": chosen.split_sum,
+                                 "cluster": [chosen.cluster_m, chosen.cluster_n]}
     rel = (ops.gemm(a, b).float() - ref.float()).abs().max().item() / scale
     if rel < 2e-2:
         row["tma_default"] = flops / bench(lambda: ops.gemm(a, b)) / 1e9

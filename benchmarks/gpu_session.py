@@ -8,7 +8,7 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 6 calls, about 1,370 s)::
+Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, about 1,715 s)::
 
     python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic             # 6 passed, 28 s
     python benchmarks/gemm_ab.py --cells 256x512x5120 512x512x5120 ... --rounds 5 \
@@ -30,9 +30,11 @@ Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 6 calls, about 1,3
         [--dtype bfloat16]                       # the automatic multicast, 17 cells, 40 s each
     python -m pytest -q -m gpu tests/test_gemm_gpu.py::test_automatic_multicast_at_small_m ...
                                                  # + paper shapes, default random: 10 passed
+    python benchmarks/gemm.py --cells 256x6144x4096 512x6144x4096 ... --dtypes float16 \
+        bfloat16 --name gemm_m256_512         # the grid's M = 256 / 512 rows, 315 s cold
 
-Next: the grid again with the automatic multicast of 128 x 128 tiles at M = 129..512 (run
-after session 12's grid: ``gemm.json``'s ``tma_default`` column predates it); the default
+Next: the whole grid with the automatic multicast of 128 x 128 tiles at M = 129..512 (only
+its M = 256 / 512 rows ran with it: ``gemm_m256_512.json``); the default
 cluster at the power cap over more shapes and both dtypes
 (``gemm_sustained.py --cells ... --kernels cublas ours ours:load=tma_multicast,cluster=2x1``),
 where the 2 x 1 multicast has led in every sustained comparison so far while the short grids
