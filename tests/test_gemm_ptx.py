@@ -239,7 +239,9 @@ def test_split_sum_follows_the_hand_over_model_unless_asked_for_determinism():
     """The atomic sum's hand-over stays flat as slices are added and the ordered one grows,
     so the automatic choice for 64-row tiles is atomic from 3 slices on; under
     ``torch.use_deterministic_algorithms(True)`` it is always ordered (the atomic sum's last
-    bits depend on the slices' order), and an explicit ``split_sum`` is kept."""
+    bits depend on the slices' order) and an explicit ``"atomic"`` is refused (a warning with
+    ``warn_only``), as torch's own nondeterministic ops are; otherwise an explicit
+    ``split_sum`` is kept."""
     import torch
 
     from cutetma import ops
@@ -259,6 +261,13 @@ def test_split_sum_follows_the_hand_over_model_unless_asked_for_determinism():
         assert ops.split_sum_for(8) == "ordered"
         cfg = ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=None, k=14336)
         assert cfg.split_k > 1 and cfg.split_sum == "ordered"
+        with pytest.raises(RuntimeError, match="split_sum='ordered'"):  # as torch's own ops
+            ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=4, k=14336,
+                             split_sum="atomic")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="not deterministic"):
+            ops._gemm_config(16, 4096, "tma", None, None, 132, split_k=4, k=14336,
+                             split_sum="atomic")
     finally:
         torch.use_deterministic_algorithms(before)
 

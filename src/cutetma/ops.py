@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -366,12 +367,20 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
     if store_under_mma and not whole_cooperative:
         raise ValueError("store_under_mma=True needs whole cooperative tiles (no pingpong, "
                          "split_k or stream_k)")
+    split_sum = (split_sum or split_sum_for(split_k, tile)) if split_k > 1 else "ordered"
+    if split_sum == "atomic" and torch.are_deterministic_algorithms_enabled():
+        # torch's convention for an op without a deterministic implementation
+        message = ("cutetma.gemm(split_sum='atomic') adds split-K's slices in the order they "
+                   "arrive, which is not deterministic, but torch.use_deterministic_algorithms"
+                   "(True) is set: use split_sum='ordered' (the same bits every launch)")
+        if not torch.is_deterministic_algorithms_warn_only_enabled():
+            raise RuntimeError(message)
+        warnings.warn(message, stacklevel=3)
     return GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
                       cluster_n=cluster[1], load=mechanism, schedule=schedule,
                       raster_swizzle=raster_band(n, tile[1], cluster[1]), split_k=split_k,
                       stream_k=stream_k, store_under_mma=bool(store_under_mma),
-                      split_sum=(split_sum or split_sum_for(split_k, tile)) if split_k > 1
-                      else "ordered")
+                      split_sum=split_sum)
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -441,7 +450,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     into one fp32 tile, so the last slice reads one tile however many there are; the last
     bits depend on the order); ``None`` (the default): atomic for 64-row tiles from 3 slices
     on, where it measured faster (``split_sum_for``), else ordered, and always ordered under
-    ``torch.use_deterministic_algorithms(True)``.
+    ``torch.use_deterministic_algorithms(True)``, which refuses an explicit ``"atomic"``.
     Ignored where K is not split.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width), overriding ``load``, ``cluster`` and ``tile``.
