@@ -42,7 +42,7 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
     + [dict(load="tma", tile=(64, 256), schedule="pingpong"),
        dict(load="tma", tile=(128, 128), schedule="pingpong")],
     "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))]
-    # B multicast to two 128 x 128 tiles: 1.03-1.08x the same tiles alone at M = 256
+    # B multicast to two 128 x 128 tiles: 0.99-1.08x the same tiles alone at M = 256
     # (gemm_m256_clusters.json, 2026-12-01); offered up to M = 512 (``candidates``)
     + [dict(load="tma", cluster=(2, 1), tile=(128, 128))],
     "cp_async": [dict(load="cp_async", **t) for t in LARGE_M],

@@ -313,7 +313,7 @@ MULTICAST_MAX_M = 512  # measured up to here; larger M keep their wider tiles
 def multicast_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
     """Whether ``cutetma.gemm`` (``load="tma"``, no cluster, tile or split given) runs 128 x
     128 tiles in (2, 1) clusters that multicast B, rather than ``auto_tile_and_split``'s
-    choice: by ``grid_time`` with ``MULTICAST_128_K_TILE_TIME``, for 256 <= M <= 512 with an
+    choice: by ``grid_time`` with ``MULTICAST_128_K_TILE_TIME``, for 128 < M <= 512 with an
     even number of 128-row tiles (an odd one would leave a CTA of each last cluster idle)."""
     tiles_m = -(-m // 128)
     if not 128 < m <= MULTICAST_MAX_M or tiles_m % 2:
