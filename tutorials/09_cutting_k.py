@@ -42,7 +42,10 @@ ticket or flag, the last unit's loads) measured 8 us at two slices and 11-13 us 
 the H200: latency while both consumer warpgroups wait, not bandwidth. So cutting pays only
 where a wave's tail is long: ``ops.grid_time`` models waves x (k-tiles per unit + hand-over)
 x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``ops.AUTO_TILES``: 128 x 256,
-192, 160, 128, and 64 x 128 for outputs of a few tiles) and slices it predicts fastest. A fitted tile needs no hand-over at all, so
+192, 160, 128, and 64 x 128 for outputs of a few tiles) and slices it predicts fastest; at
+128 < M <= 512 it may instead put 128 x 128 tiles in (2, 1) clusters that multicast B, which
+cuts each SM's loads by a quarter where those tiles make about one wave
+(``ops.multicast_pays``; section 4 lists a few choices). A fitted tile needs no hand-over at all, so
 it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
 width fits (N = 512 or 1536).
 
@@ -70,6 +73,7 @@ import re
 import sys
 from pathlib import Path
 
+import torch
 from _common import graph_time_ms  # tutorials/_common.py: CUDA-graph replays, CUDA events
 
 from cutetma import kernels, ops
@@ -152,6 +156,14 @@ def the_ptx() -> dict:
     return counts
 
 
+def describe(shape) -> str:
+    cfg = ops._gemm_config(shape[0], shape[1], "tma", None, None, SM_COUNT, split_k=None,
+                           k=shape[2])
+    sliced = f"{cfg.split_k} slices, {cfg.split_sum}" if cfg.split_k > 1 else "whole K"
+    return (f"{cfg.tile_m}x{cfg.tile_n} {cfg.schedule}, {sliced}, cluster "
+            f"{cfg.cluster_m}x{cfg.cluster_n}")
+
+
 def the_model() -> str:
     heading("4. The model cutetma.gemm chooses by, and the H200's winners")
     m, n, k = SHAPE
@@ -162,6 +174,17 @@ def the_model() -> str:
                                                     for s, t in times.items()))
     tile, split = ops.auto_tile_and_split(m, n, k, SM_COUNT)
     print(f"  chosen: {tile[0]}x{tile[1]}, split_k={split}")
+    print("what cutetma.gemm(a, b) runs with no options (tile, slices, how they meet, cluster):")
+    for shape in [(8192, 8192, 8192), SHAPE, (2048, 512, 5120), (256, 512, 5120),
+                  (16, 1536, 5120), (256, 8192, 8192)]:
+        print(f"  {'x'.join(map(str, shape)):>16}: {describe(shape)}")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # the atomic sum's bits depend on arrival order
+    try:
+        print(f"  {'256x512x5120':>16}: {describe((256, 512, 5120))}"
+              "   <- under torch.use_deterministic_algorithms(True)")
+    finally:
+        torch.use_deterministic_algorithms(before)
     path = RESULTS / "gemm.json"
     if not path.exists():
         return "no gemm.json to compare with"
