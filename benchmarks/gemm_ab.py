@@ -82,8 +82,8 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dic
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
     fns = {"cublas": lambda: a @ b.T}
     for spec, kwargs in specs.items():
-        if kwargs.get("split_k") == "wave":
-            kwargs = resolve(kwargs, m, n, k)
+        if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
+            kwargs = resolved
             row[f"{spec}_split_k"] = kwargs["split_k"]
         def ours(kwargs=kwargs):
             return ops.gemm(a, b, **kwargs)

@@ -190,7 +190,7 @@ def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
         return 1
     if not everywhere and tiles > 24 and k_tiles < 192:
         return 1
-    return max(1, min(sm_count // tiles, k_tiles // 8, 8))
+    return wave_split(m, n, k, tile, sm_count, most=8, min_k_tiles=8)
 
 
 def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> float:
@@ -276,13 +276,13 @@ def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132
 
 
 def wave_split(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
-               most: int = 16) -> int:
-    """The most K slices (1..``most``, each >= 4 k-tiles) whose work units still fit one
-    wave: ``tiles * slices <= sm_count`` (an ablation's candidate, ``gemm_ab.py``'s
-    ``split_k=wave``)."""
+               most: int = 16, min_k_tiles: int = 4) -> int:
+    """The most K slices (1..``most``, each >= ``min_k_tiles`` k-tiles) whose work units
+    still fit one wave: ``tiles * slices <= sm_count`` (``split_k_for``'s count, and an
+    ablation's candidate: ``gemm_ab.py``'s ``split_k=wave``)."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
-    return max(1, min(most, sm_count // tiles, k_tiles // 4))
+    return max(1, min(most, sm_count // tiles, k_tiles // min_k_tiles))
 
 
 def pingpong_pays(m: int, k: int) -> bool:
@@ -310,17 +310,18 @@ MULTICAST_128_K_TILE_TIME = 0.52
 MULTICAST_MAX_M = 512  # measured up to here; larger M keep their wider tiles
 
 
-def multicast_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
+def multicast_pays(m: int, n: int, k: int, sm_count: int = 132, choice=None) -> bool:
     """Whether ``cutetma.gemm`` (``load="tma"``, no cluster, tile or split given) runs 128 x
     128 tiles in (2, 1) clusters that multicast B, rather than ``auto_tile_and_split``'s
     choice: by ``grid_time`` with ``MULTICAST_128_K_TILE_TIME``, for 128 < M <= 512 with an
-    even number of 128-row tiles (an odd one would leave a CTA of each last cluster idle)."""
+    even number of 128-row tiles (an odd one would leave a CTA of each last cluster idle).
+    ``choice``: that (tile, slices) when the caller has it already."""
     tiles_m = -(-m // 128)
     if not 128 < m <= MULTICAST_MAX_M or tiles_m % 2:
         return False
     tiles = tiles_m * -(-n // 128)
     multicast = -(-tiles // sm_count) * -(-k // 64) * MULTICAST_128_K_TILE_TIME
-    tile, split = auto_tile_and_split(m, n, k, sm_count)
+    tile, split = choice or auto_tile_and_split(m, n, k, sm_count)
     return multicast < grid_time(m, n, k, tile, split, sm_count)
 
 
@@ -348,7 +349,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
                 if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
                     tile, schedule = (128, 128), "pingpong"
-                elif auto_cluster and multicast_pays(m, n, k, sm_count):
+                elif auto_cluster and multicast_pays(m, n, k, sm_count, (tile, split_k)):
                     tile, cluster, split_k = (128, 128), (2, 1), 1
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
