@@ -8,7 +8,9 @@ For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 t
 the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
 ``gemm_sustained.py``: ``ours:key=value,...`` are ``cutetma.gemm`` keyword arguments, checked
 against cuBLAS's result first; ``split_k=wave`` takes the most slices that fit one wave for
-the spec's tile in each cell) are timed in turn, ``--rounds`` times, on the same randn data
+the spec's tile in each cell; ``nvidia:tile=128x256,cluster=1x2`` is NVIDIA's CuTe DSL
+example, ``nvidia_peer.py``, with ``--nvidia-example PATH``) are timed in turn,
+``--rounds`` times, on the same randn data
 (``gemm.bench``: CUDA-graph replays, median); a cell's figures are the medians of its rounds.
 Alternating keeps every contender in the same power state: on this card the clock under the
 power cap moves by several % within a minute, far more than most single changes are worth.
@@ -26,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import PAPER_M, PAPER_NK, bench, progress  # noqa: E402
-from gemm_sustained import parse_kernel  # noqa: E402
+from gemm_sustained import contender, load_peer, parse_kernel  # noqa: E402
 
 HEADLINE = [(8192, 8192, 8192), (4096, 4096, 4096)]
 
@@ -73,20 +75,17 @@ def resolve(kwargs: dict, m: int, n: int, k: int) -> dict:
 def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dict:
     import torch
 
-    from cutetma import ops
-
     t = getattr(torch, dtype)
     a = torch.randn(m, k, device="cuda", dtype=t)
     b = torch.randn(n, k, device="cuda", dtype=t)
     ref = (a @ b.T).float()
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
-    fns = {"cublas": lambda: a @ b.T}
+    fns = {"cublas": contender(None, a, b)}
     for spec, kwargs in specs.items():
         if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
             kwargs = resolved
             row[f"{spec}_split_k"] = kwargs["split_k"]
-        def ours(kwargs=kwargs):
-            return ops.gemm(a, b, **kwargs)
+        ours = contender(kwargs, a, b)
         try:
             rel = ((ours().float() - ref).abs().max() / ref.abs().max()).item()
         except Exception as exc:  # report, keep going
@@ -116,7 +115,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="gemm_ab")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--nvidia-example", metavar="PATH",
+                    help="NVIDIA's dense_gemm_persistent.py, for nvidia:... specs")
     args = ap.parse_args(argv)
+    peer_meta = load_peer(args.nvidia_example)
     specs = {spec: parse_kernel(spec) for spec in args.kernels}
     if any(kwargs is None for kwargs in specs.values()):
         raise SystemExit("--kernels: cuBLAS is always timed; give ours:... specs")
@@ -127,10 +129,11 @@ def main(argv=None):
     rows = []
     for m, n, k in progress(cells, len(cells)):
         rows.append(measure(m, n, k, args.dtype, specs, args.rounds))
-        results.write(args.name, rows, Path(args.out), extra_meta={"complete": False})
+        results.write(args.name, rows, Path(args.out),
+                      extra_meta={"complete": False, **peer_meta})
     summary = summarize(rows, list(specs))
     path = results.write(args.name, rows, Path(args.out),
-                         extra_meta={"complete": True, "summary": summary})
+                         extra_meta={"complete": True, "summary": summary, **peer_meta})
     print(f"wrote {path}")
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}")

@@ -12,7 +12,9 @@ drops further for ours than for cuBLAS, a kernel that spends more energy per FLO
 exactly where the grid says. Each row: one kernel's phase, its TFLOP/s over the whole phase
 (timed by CUDA events around the loop), and the median SM clock and power sampled during it.
 ``--kernels``: ``cublas``, ``ours`` (``cutetma.gemm`` with no options) or ``ours:`` with
-``cutetma.gemm`` keyword arguments (``key=value`` separated by commas; ``2x1`` is a tuple):
+``cutetma.gemm`` keyword arguments (``key=value`` separated by commas; ``2x1`` is a tuple),
+or ``nvidia:tile=128x256,cluster=1x2`` for NVIDIA's CuTe DSL example (``nvidia_peer.py``,
+with ``--nvidia-example PATH``):
 which of our configurations spends least energy per FLOP once the card sits at its cap (a
 cooler, shorter run can rank them differently). The kernels take turns, ``--rounds`` times.
 Writes ``gemm_sustained.json`` (``--name``).
@@ -33,22 +35,48 @@ KERNELS = ("cublas", "ours")
 
 def parse_kernel(spec: str) -> dict | None:
     """``cublas`` -> None; ``ours[:k=v,...]`` -> the ``cutetma.gemm`` keyword arguments
-    (``2x1`` -> (2, 1), digits -> int)."""
+    (``2x1`` -> (2, 1), digits -> int); ``nvidia[:k=v,...]`` -> NVIDIA's example's
+    arguments (``nvidia_peer.gemm_fn``) with ``peer="nvidia"``."""
     if spec == "cublas":
         return None
     name, _, args = spec.partition(":")
-    if name != "ours":
-        raise SystemExit(f"--kernels {spec!r}: cublas, ours or ours:key=value,...")
-    kwargs = {}
+    if name not in ("ours", "nvidia"):
+        raise SystemExit(f"--kernels {spec!r}: cublas, ours[:key=value,...] or "
+                         "nvidia[:key=value,...]")
+    kwargs = {"peer": "nvidia"} if name == "nvidia" else {}
     for field in filter(None, args.split(",")):
         key, _, value = field.partition("=")
         if not key or not value:
-            raise SystemExit(f"--kernels {spec!r}: key=value pairs after 'ours:'")
+            raise SystemExit(f"--kernels {spec!r}: key=value pairs after '{name}:'")
         if "x" in value and value.replace("x", "").isdigit():
             kwargs[key] = tuple(int(v) for v in value.split("x"))
         else:
             kwargs[key] = int(value) if value.isdigit() else value
     return kwargs
+
+
+def contender(kwargs: dict | None, a, b):
+    """The callable a spec names: cuBLAS (``None``), NVIDIA's example (``peer="nvidia"``)
+    or ``cutetma.gemm`` with the spec's keyword arguments."""
+    if kwargs is None:
+        return lambda: a @ b.T
+    if kwargs.get("peer") == "nvidia":
+        import nvidia_peer
+
+        return nvidia_peer.gemm_fn(a, b, **{k: v for k, v in kwargs.items() if k != "peer"})
+    from cutetma import ops
+
+    return lambda: ops.gemm(a, b, **kwargs)
+
+
+def load_peer(path: str | None) -> dict:
+    """Import NVIDIA's example when ``--nvidia-example`` is given; its path and hash for
+    ``meta`` (empty without it)."""
+    if not path:
+        return {}
+    import nvidia_peer
+
+    return nvidia_peer.load(path)
 
 
 def sample_clocks(stop: threading.Event, samples: list, period: float = 0.25):
@@ -103,12 +131,15 @@ def main(argv=None):
     ap.add_argument("--kernels", nargs="*", default=list(KERNELS), metavar="SPEC")
     ap.add_argument("--rounds", type=int, default=2, help="turns of every kernel per cell")
     ap.add_argument("--name", default="gemm_sustained")
+    ap.add_argument("--nvidia-example", metavar="PATH",
+                    help="NVIDIA's dense_gemm_persistent.py, for nvidia:... specs")
     args = ap.parse_args(argv)
+    peer_meta = load_peer(args.nvidia_example)
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells] if args.cells else CELLS
     specs = {spec: parse_kernel(spec) for spec in args.kernels}
     import torch
 
-    from cutetma import ops, results
+    from cutetma import results
 
     rows = []
     for m, n, k in cells:
@@ -118,10 +149,9 @@ def main(argv=None):
         ref = (a @ b.T).float()
         kernels = {}
         for spec, kwargs in specs.items():
+            kernels[spec] = contender(kwargs, a, b)
             if kwargs is None:
-                kernels[spec] = lambda a=a, b=b: a @ b.T
                 continue
-            kernels[spec] = lambda a=a, b=b, kwargs=kwargs: ops.gemm(a, b, **kwargs)
             rel = ((kernels[spec]().float() - ref).abs().max() / ref.abs().max()).item()
             if not rel < 2e-2:  # compiles and warms up, too
                 raise SystemExit(f"{m}x{n}x{k} {spec}: wrong (rel. max error {rel:.3g})")
@@ -134,7 +164,7 @@ def main(argv=None):
                    **sustained(kernels[who], args.seconds, 2 * m * n * k)}
             rows.append(row)
             print(row, flush=True)
-    path = results.write(args.name, rows, Path(args.out))
+    path = results.write(args.name, rows, Path(args.out), extra_meta=peer_meta)
     print(f"wrote {path}")
     for m, n, k in cells:
         mine = [r for r in rows if (r["M"], r["N"], r["K"]) == (m, n, k)]

@@ -561,9 +561,41 @@ def test_sustained_benchmark_reads_kernel_specs():
         "load": "tma_multicast", "cluster": (2, 1)}
     assert gemm_sustained.parse_kernel("ours:tile=64x256,schedule=pingpong,split_k=2") == {
         "tile": (64, 256), "schedule": "pingpong", "split_k": 2}
-    for bad in ("cudnn", "ours:tile", "ours:=2"):
+    for bad in ("cudnn", "ours:tile", "ours:=2", "nvidia:cluster"):
         with pytest.raises(SystemExit):
             gemm_sustained.parse_kernel(bad)
+
+
+def test_nvidia_example_as_a_peer(tmp_path):
+    """``nvidia:...`` specs name NVIDIA's CuTe DSL example, imported from the path given
+    (never copied here); a missing file or one without the kernel class stops before any
+    timing, and so does a spec with no path given."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm_sustained
+    import nvidia_peer
+
+    assert gemm_sustained.parse_kernel("nvidia:tile=128x256,cluster=1x2") == {
+        "peer": "nvidia", "tile": (128, 256), "cluster": (1, 2)}
+    assert gemm_sustained.load_peer(None) == {}
+    with pytest.raises(SystemExit, match="no such file"):
+        gemm_sustained.load_peer(str(tmp_path / "missing.py"))
+    stand_in = tmp_path / "dense_gemm_persistent.py"
+    stand_in.write_text("X = 1\n")
+    with pytest.raises(SystemExit, match="HopperWgmmaGemmPersistentKernel"):
+        nvidia_peer.load(stand_in)
+    a = torch.zeros(8, 8, dtype=torch.float16)
+    with pytest.raises(SystemExit, match="--nvidia-example"):
+        gemm_sustained.contender({"peer": "nvidia"}, a, a)
+    stand_in.write_text("class HopperWgmmaGemmPersistentKernel:\n    pass\n")
+    meta = nvidia_peer.load(stand_in)
+    assert meta["nvidia_example"] == str(stand_in) and len(meta["nvidia_example_sha256"]) == 16
+    with pytest.raises(ValueError, match="fp16"):
+        nvidia_peer.gemm_fn(a.float(), a.float())
 
 
 def test_ab_benchmark_cells_and_summary():
