@@ -140,6 +140,21 @@ def bench(fn) -> float:
     return do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
 
 
+def alternating_rounds(fns: dict, rounds: int) -> dict:
+    """``bench`` every callable of ``fns`` in turn, ``rounds`` times, the order reversed
+    every other round (A B C, C B A, ...), so no contender always follows the same one: on
+    this power-capped card what ran just before moves a kernel's clock (session 13's fp16
+    rows timed ``cutetma.gemm``'s default always right after cp.async, which draws less
+    power: 0.96-1.11x, median 1.003x, the same configuration timed after cuBLAS in the
+    same rounds). Milliseconds per key."""
+    order = list(fns.items())
+    times: dict = {key: [] for key in fns}
+    for i in range(rounds):
+        for key, fn in order if i % 2 == 0 else order[::-1]:
+            times[key].append(bench(fn))
+    return times
+
+
 def eager_us(fn, calls: int = 50) -> float:
     """Wall time of a plain call, host overhead included (microseconds)."""
     import torch
@@ -226,10 +241,7 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
         row["tma_default_error"] = f"rel. max error {rel:.3g}"
     if finalists:
         row["selection"] = {key: row[key] for key in ("cublas", *finalists)}
-    times = {key: [] for key in rounds}  # cuBLAS and each winner again (``FINAL_ROUNDS``)
-    for _ in range(FINAL_ROUNDS):
-        for key, fn in rounds.items():
-            times[key].append(bench(fn))
+    times = alternating_rounds(rounds, FINAL_ROUNDS)  # cuBLAS and each winner again
     row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})
     return row
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import PAPER_M, PAPER_NK, bench, progress  # noqa: E402
+from gemm import PAPER_M, PAPER_NK, alternating_rounds, progress  # noqa: E402
 from gemm_sustained import contender, load_peer, parse_kernel  # noqa: E402
 
 HEADLINE = [(8192, 8192, 8192), (4096, 4096, 4096)]
@@ -95,10 +95,7 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dic
             row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
             continue
         fns[spec] = ours
-    times = {key: [] for key in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            times[key].append(bench(fn))
+    times = alternating_rounds(fns, rounds)
     flops = 2 * m * n * k
     row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})
     row["rounds_tflops"] = {key: [round(flops / x / 1e9, 1) for x in ms]

@@ -566,6 +566,23 @@ def test_sustained_benchmark_reads_kernel_specs():
             gemm_sustained.parse_kernel(bad)
 
 
+def test_final_rounds_alternate_their_order(monkeypatch):
+    """gemm.py / gemm_ab.py time their contenders in rounds whose order reverses every other
+    round, so no contender always runs right after the same one (the card's clock follows
+    what ran before); each key gets one time per round."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm
+
+    calls = []
+    monkeypatch.setattr(gemm, "bench", lambda fn: calls.append(fn()) or float(len(calls)))
+    times = gemm.alternating_rounds({k: (lambda k=k: k) for k in "abc"}, 3)
+    assert "".join(calls) == "abccbaabc"
+    assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
+
+
 def test_nvidia_example_as_a_peer(tmp_path):
     """``nvidia:...`` specs name NVIDIA's CuTe DSL example, imported from the path given
     (never copied here); a missing file or one without the kernel class stops before any
