@@ -8,6 +8,37 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 13's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, 1,693 s; NVIDIA's
+example copied from a CUTLASS checkout into ``.snapC/nvidia/``, never into the repository)::
+
+    python benchmarks/gemm_ab.py --nvidia-example NV --rounds 5 --name gemm_nvidia_peer \
+        --cells 8192x8192x8192 4096x4096x4096 8192x6144x4096 8192x14336x4096 \
+        2048x8192x8192 8192x5120x5120 --kernels ours ours:load=tma_multicast,cluster=2x1 \
+        nvidia:tile=128x256,cluster=1x2 nvidia:tile=128x256,cluster=2x1 \
+        nvidia:tile=128x256,cluster=1x1                                     # 25 s
+    python benchmarks/gemm_sustained.py --nvidia-example NV --seconds 3 --rounds 2 \
+        --cells 8192x8192x8192 8192x14336x4096 --kernels cublas ours \
+        ours:load=tma_multicast,cluster=2x1 nvidia:tile=128x256,cluster=1x2   # 60 s
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k random_shapes   # 50 passed in 240 s
+        # (then its timeout; the 4 left, by node id, next call: 26 s)
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16          # 242 s
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "not random_shapes"  # 37 passed, 184 s
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bf16         # 227 s
+    python benchmarks/gemm_sustained.py --seconds 3 --rounds 2 --cells 8192x8192x8192 \
+        8192x14336x4096 2048x8192x8192 --kernels cublas ours \
+        ours:load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=2x2   # 90 s
+    python benchmarks/gemm_ab.py --nvidia-example NV --rounds 15 --dtype float16 \
+        --cells 8192x8192x8192 4096x4096x4096 --kernels ours \
+        ours:load=tma_multicast,cluster=2x1 nvidia:tile=128x256,cluster=1x2   # 12 s (+ bf16)
+    python -m cutetma tour                                               # 56 s
+    python benchmarks/gemm.py --dtypes float16 --cells <the 73 cells with M >= 256> \
+        --name gemm_fp16_default_rounds    # the default in the rounds, 203 s
+
+Next: the M = 256 / 512 rows (0.94 / 0.95x), e.g. a 256-row tile whose two warpgroups share
+each B tile (the 2 x 1 multicast's saving without the cluster); 2048x5120x16384 (0.81x,
+split 2 where 128 x 160 unsplit measured 0.94x); the grid once with the reversed-order
+rounds (``gemm.alternating_rounds``, not yet run on the GPU).
+
 Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, about 1,715 s)::
 
     python -m pytest -q -m gpu tests/test_gemm_gpu.py -k atomic             # 6 passed, 28 s
@@ -33,7 +64,8 @@ Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, about 1,7
     python benchmarks/gemm.py --cells 256x6144x4096 512x6144x4096 ... --dtypes float16 \
         bfloat16 --name gemm_m256_512         # the grid's M = 256 / 512 rows, 315 s cold
 
-Next: the whole grid with the automatic multicast of 128 x 128 tiles at M = 129..512 (only
+Session 12's next steps (both ran in session 13): the whole grid with the automatic multicast
+of 128 x 128 tiles at M = 129..512 (only
 its M = 256 / 512 rows ran with it: ``gemm_m256_512.json``); the default
 cluster at the power cap over more shapes and both dtypes
 (``gemm_sustained.py --cells ... --kernels cublas ours ours:load=tma_multicast,cluster=2x1``),
