@@ -2,8 +2,9 @@
 
 The example is not part of this project and is not copied into it: ``--nvidia-example PATH``
 names the file in a CUTLASS checkout
-(``examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py``; the
-commit used goes into the results' ``meta``). It is imported from there, its
+(``examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py``; its
+path and a hash of the file go into the results' ``meta``, the CUTLASS commit into the notes
+that cite them). It is imported from there, its
 ``HopperWgmmaGemmPersistentKernel`` compiled once per (dtype, tile, cluster, rasterization)
 with dynamic layouts, as its own ``run()`` does, and called on torch tensors on the current
 stream. Its operands are batched (M, K, L): ours and cuBLAS's (M, K) become L = 1 views, so
