@@ -57,12 +57,19 @@ def summarize(rows, specs) -> dict:
 
 
 def resolve(kwargs: dict, m: int, n: int, k: int) -> dict:
-    """``split_k=wave``: the most slices whose units fit one wave of the SMs for the spec's
-    tile in this cell (``ops.wave_split``), so one spec follows the cells' sizes."""
-    if kwargs.get("split_k") != "wave":
-        return kwargs
+    """Specs that follow the cells' sizes. ``split_k=wave``: the most slices whose units fit
+    one wave of the SMs for the spec's tile in this cell (``ops.wave_split``). ``fit=W``:
+    128-row tiles of the narrowest width (a multiple of 16) that makes at most W waves
+    (``ops.fit_width``); a cell no width fits in W waves is refused."""
     from cutetma import ops
 
+    if "fit" in kwargs:
+        width = ops.fit_width(m, n, kwargs["fit"])
+        if width is None:
+            raise ValueError(f"no tile width fits {m}x{n} in {kwargs['fit']} wave(s)")
+        kwargs = {key: v for key, v in kwargs.items() if key != "fit"} | {"tile": (128, width)}
+    if kwargs.get("split_k") != "wave":
+        return kwargs
     if "tile" not in kwargs:
         raise SystemExit("split_k=wave needs a tile=MxN in the same spec")
     split = ops.wave_split(m, n, k, kwargs["tile"])
@@ -82,10 +89,11 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dic
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
     fns = {"cublas": contender(None, a, b)}
     for spec, kwargs in specs.items():
-        if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
-            kwargs = resolved
-            row[f"{spec}_split_k"] = kwargs["split_k"]
         try:  # a contender that refuses the cell (the example's dtypes) is reported
+            if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
+                kwargs = resolved
+                row[f"{spec}_resolved"] = {key: list(v) if isinstance(v, tuple) else v
+                                           for key, v in kwargs.items()}
             ours = contender(kwargs, a, b)
             rel = ((ours().float() - ref).abs().max() / ref.abs().max()).item()
         except Exception as exc:  # report, keep going

@@ -252,6 +252,40 @@ def test_split_k_is_bitwise_reproducible(cut):
         torch.use_deterministic_algorithms(before)
 
 
+# widths that are odd multiples of 16 (their epilogue stores 16-column sub-tiles), as cuBLAS
+# fits its tiles to the SMs' waves: alone, in clusters that multicast A or B, by cp.async,
+# with split-K; store_under_mma is on by default for each unsplit one
+FITTED_WIDTHS = [
+    dict(load="tma", tile=(128, 80)), dict(load="tma", tile=(128, 112), cluster=(1, 2)),
+    dict(load="tma", tile=(128, 176), cluster=(2, 1)), dict(load="tma", tile=(128, 240)),
+    dict(load="cp_async", tile=(128, 80)), dict(load="cp_async", tile=(128, 144)),
+    dict(load="tma", tile=(128, 208), split_k=2), dict(load="tma", tile=(128, 80),
+                                                       store_under_mma=False),
+]
+
+
+@pytest.mark.parametrize("variant", FITTED_WIDTHS, ids=_named)
+def test_wave_fitted_widths(variant):
+    """Odd multiples of 16 as tile widths: random shapes that are not multiples of the tile,
+    both dtypes, 16-bit and fp32 outputs into poisoned buffers, B given as (N, K) and as
+    (K, N) (an N-major B of 80 columns is 160 bytes a row: a 32-byte swizzle)."""
+    import torch
+
+    from cutetma import ops
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in _shapes(sum(map(ord, str(variant))), 6) + [(256, 5120, 5120)]:
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(n, k, device="cuda", dtype=dtype)
+            for out_dtype in (dtype, torch.float32):
+                out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                                 dtype=out_dtype)[:, :n]
+                ops.gemm(a, b, out=out, **variant)
+                check(a, b, out)
+            check(a, b.T.contiguous(), ops.gemm(a, b.T.contiguous(), trans_b=False, **variant),
+                  trans_b=False)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_multicast_at_small_m(dtype):
     """Where ``cutetma.gemm`` puts 128 x 128 tiles in (2, 1) clusters by itself (M = 129..512,

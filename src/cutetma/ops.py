@@ -285,6 +285,20 @@ def wave_split(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
     return max(1, min(most, sm_count // tiles, k_tiles // min_k_tiles))
 
 
+def fit_width(m: int, n: int, waves: int = 1, tile_m: int = 128, sm_count: int = 132,
+              widths=range(64, 257, 16)) -> int | None:
+    """The narrowest tile width (a multiple of 16, 64 to 256) whose ``tile_m``-row tiles
+    make at most ``waves`` waves of the SMs, or None when even 256 makes more. For a given
+    count of waves the narrowest is the fastest: every SM runs as many tiles as before, each
+    with less to do. cuBLAS picks its tiles so on the H200 (``cublas_kernels.json``: 256 x
+    5120 in 80-wide tiles, 256 x 6144 in 96-wide: 128 tiles each, one wave)."""
+    tiles_m = -(-m // tile_m)
+    for width in widths:
+        if tiles_m * -(-n // width) <= waves * sm_count:
+            return width
+    return None
+
+
 def pingpong_pays(m: int, k: int) -> bool:
     """Whether ``cutetma.gemm`` runs pingpong 128 x 128 instead of cooperative tiles: each
     warpgroup's epilogue then hides under the other's WGMMAs, which pays where the epilogue

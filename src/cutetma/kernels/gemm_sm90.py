@@ -86,7 +86,8 @@ class GemmConfig:
     load: str = "tma"  # "tma" or "cp_async"; clusters > 1 multicast (TMA only)
     stages: int | None = None  # None: as many as shared memory holds
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
-    epi_n: int = 32  # epilogue sub-tile width
+    # epilogue sub-tile width; None: 32, or 16 where the tile's width is an odd multiple of 16
+    epi_n: int | None = None
     # "cooperative": both consumer warpgroups share each tile (64 rows each);
     # "pingpong": each owns whole tiles (64 or 128 rows, at most 128x128 or 64x256 for its
     # registers), alternately, so one's epilogue hides under
@@ -128,12 +129,14 @@ class GemmConfig:
     def __post_init__(self):
         if self.tile_m not in (64, 128):
             raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
-        if self.tile_n % 32 or not 64 <= self.tile_n <= 256:
-            # one m64nNk16 WGMMA per warpgroup spans the tile's N (N <= 256); the epilogue
-            # stores 32-column sub-tiles. Widths between the powers of two (160, 192) exist to
-            # fit a shape's tiles to the SMs: 512 x 5120 is 80 tiles of 128 x 256 on 132 SMs
-            # but 128 tiles of 128 x 160
-            raise ValueError(f"tile_n={self.tile_n}: a multiple of 32 from 64 to 256")
+        if self.tile_n % 16 or not 64 <= self.tile_n <= 256:
+            # one m64nNk16 WGMMA per warpgroup spans the tile's N (N <= 256). Widths between
+            # the powers of two exist to fit a shape's tiles to the SMs' waves: 512 x 5120 is
+            # 80 tiles of 128 x 256 on 132 SMs but 128 of 128 x 160, and 256 x 5120 is 128
+            # tiles of 128 x 80 (cuBLAS's own tile there, benchmarks/results/cublas_kernels.json)
+            raise ValueError(f"tile_n={self.tile_n}: a multiple of 16 from 64 to 256")
+        if self.epi_n is None:  # the widest sub-tile that divides the tile: 32 or 16 columns
+            object.__setattr__(self, "epi_n", 32 if self.tile_n % 32 == 0 else 16)
         if self.tile_n % self.epi_n:
             raise ValueError(f"epi_n={self.epi_n} must divide tile_n={self.tile_n}")
         if self.tile_k != 64:
