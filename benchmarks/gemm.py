@@ -52,6 +52,11 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
 SM_COUNT = 132
 STREAM_K_BELOW = 0.9  # stream-K and narrower tiles where 128 x 256 tiles fill less of the SMs
 NARROW_TILES = ((128, 192), (128, 160))  # fit the tiles to the SMs instead of cutting K
+# and the narrowest widths (steps of 16, ``ops.fit_width``) whose tiles make 1 or 2 waves, as
+# cuBLAS picks its tiles (80 / 96 / 112 wide at M = 256, cublas_kernels.json, 2026-12-01);
+# offered where NARROW_TILES are, and to the multicast column with A shared by a (1, 2)
+# cluster at M <= 512, cuBLAS's cluster for those tiles. 64 wide: 64 x 128 tiles cover it
+FIT_WAVES = (1, 2)
 EXTRA_TILES: list = []  # --tiles: offered to TMA in every cell with M > 64 (an ablation)
 # The card is power-capped: cuBLAS timed once before a cell's dozen candidates ran cooler
 # (8192^3 fp16, 2026-11-30: cuBLAS 762 TFLOP/s first, 656 in rounds alternating with ours),
@@ -73,7 +78,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     multicast along M would share nothing; few output tiles: also split-K, as the
     library's rule would apply it everywhere; the correctness check before timing guards
     every candidate)."""
-    from cutetma.ops import auto_tile_and_split, split_for_waves, wave_efficiency
+    from cutetma.ops import auto_tile_and_split, fit_width, split_for_waves, wave_efficiency
 
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
@@ -95,6 +100,8 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
         if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
             seen.append(dict(load=name, tile=(128, 256), stream_k=True))
             seen += [dict(load=name, tile=tile) for tile in NARROW_TILES]
+            fitted = [dict(load=name, tile=(128, w)) for w in fitted_widths(m, n)]
+            seen += [c for c in fitted if c not in seen]
         tile, split = auto_tile_and_split(m, n, k, SM_COUNT)  # the library's own choice
         chosen = dict(load=name, tile=tile, **({"split_k": split} if split > 1 else {}))
         extra = [dict(load=name, tile=t) for t in EXTRA_TILES] if name == "tma" else []
@@ -107,7 +114,20 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
         else:
             options = []
         seen += [o for o in options if o not in seen]
+    if name == "tma_multicast" and 128 < m <= 512 and (
+            wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW):
+        width = fit_width(m, n, 1, sm_count=SM_COUNT)
+        if width and width >= 80:
+            seen.append(dict(load="tma", cluster=(1, 2), tile=(128, width)))
     yield from seen
+
+
+def fitted_widths(m: int, n: int) -> list[int]:
+    """``FIT_WAVES``' narrowest widths for this shape, 80 to 256 (no duplicates, in order)."""
+    from cutetma.ops import fit_width
+
+    widths = [fit_width(m, n, waves, sm_count=SM_COUNT) for waves in FIT_WAVES]
+    return sorted({w for w in widths if w and w >= 80})
 
 
 def cells(quick: bool, only=None):

@@ -77,6 +77,22 @@ def test_cp_async_refuses_a_tile_that_leaves_threads_without_work():
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("tile_n", [80, 112, 176, 240])
+def test_widths_in_steps_of_16(load, tile_n):
+    """Tiles as wide as a shape needs to fill the SMs' waves (cuBLAS's own tiles on the H200
+    are 80, 96, 112, 168, 176 wide, ``cublas_kernels.json``): one m64nNk16 WGMMA per
+    warpgroup spans the width, and an odd multiple of 16 goes out in 16-column sub-tiles,
+    one stmatrix and one TMA store each (a multiple of 32: 32-column ones, as before)."""
+    cfg = GemmConfig(tile_n=tile_n, load=load)
+    assert cfg.epi_n == (32 if tile_n % 32 == 0 else 16)
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    assert f"{WGMMA}.m64n{tile_n}k16.f32.f16.f16" in ptx
+    assert ptx.count("stmatrix") == ptx.count(STORE) == tile_n // cfg.epi_n
+    assert (BULK_LOAD in ptx) == (load == "tma") and (CP_ASYNC in ptx) == (load == "cp_async")
+    assert GemmConfig(tile_n=96).epi_n == 32  # the widths measured before keep their stores
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_pingpong_schedule(load):
     cfg = GemmConfig(tile_m=64, tile_n=256, load=load, schedule="pingpong")
     ptx = kernels.compile_gemm(cfg, "Float16").ptx
@@ -92,8 +108,9 @@ def test_output_dtypes(out):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(tile_m=256), "tile_m"), (dict(tile_n=80), "tile_n"), (dict(tile_n=288), "tile_n"),
-    (dict(tile_n=160, epi_n=64), "epi_n"), (dict(tile_k=32), "tile_k"),
+    (dict(tile_m=256), "tile_m"), (dict(tile_n=72), "tile_n"), (dict(tile_n=288), "tile_n"),
+    (dict(tile_n=48), "tile_n"), (dict(tile_n=160, epi_n=64), "epi_n"),
+    (dict(tile_n=80, epi_n=32), "epi_n"), (dict(tile_k=32), "tile_k"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
     (dict(store_under_mma=True, split_k=2), "whole cooperative tiles"),
@@ -360,6 +377,7 @@ def test_automatic_split_k_stays_out_of_explicit_choices():
     (128, 256, 2), (128, 128, 2), (64, 256, 1), (64, 128, 1),  # validated on the H200
     (128, 128, 1), (128, 256, 1),  # one warpgroup, two 64-row WGMMA blocks (pingpong 128)
     (128, 160, 2), (128, 192, 2),  # the widths that fit a shape's tiles to the SMs
+    (128, 80, 2), (128, 176, 2),  # odd multiples of 16: 16-column sub-tiles (not yet run)
 ])
 def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, tile_n,
                                                             warpgroups):
@@ -375,7 +393,7 @@ def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, til
     cutlass, cute = dsl.cutlass()
     from cutlass.tensor_utils import LayoutEnum
 
-    epi_n = 32
+    epi_n = GemmConfig(tile_n=tile_n).epi_n  # 32, or 16 for an odd multiple of 16
 
     def build():
         row = LayoutEnum.ROW_MAJOR
@@ -502,6 +520,11 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=160, load="cp_async"), GemmConfig(store_under_mma=True),
     GemmConfig(tile_n=128, split_k=4, split_sum="atomic"),
     GemmConfig(store_under_mma=True, load="cp_async", tile_n=160),
+    # widths in steps of 16 (2026-12-01, not yet run on a GPU): the narrowest, one that
+    # multicasts A, the widest of them (the most held registers under store_under_mma)
+    GemmConfig(tile_n=80, store_under_mma=True), GemmConfig(tile_n=80, load="cp_async"),
+    GemmConfig(tile_n=112, cluster_n=2, store_under_mma=True),
+    GemmConfig(tile_n=240, store_under_mma=True),
 ], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}"
                  f"{'-sum' if c.store_under_mma else ''}"
                  f"{'-atomic' if c.split_sum == 'atomic' else ''}")
@@ -538,6 +561,16 @@ def test_benchmark_offers_fitted_tiles_and_the_library_choice():
         assert (128, 160) in starved and (128, 192) in starved
         full = [c.get("tile") for c in gemm.candidates(name, 8192, 8192, 8192)]
         assert (128, 160) not in full
+        # the narrowest widths of one and two waves, as cuBLAS fits its tiles (both
+        # mechanisms alike, so the TMA / cp.async comparison keeps one tile list)
+        few = [c.get("tile") for c in gemm.candidates(name, 256, 5120, 5120)]
+        assert (128, 80) in few and (128, 64) not in few
+        assert (128, 112) in [c.get("tile") for c in gemm.candidates(name, 256, 14336, 4096)]
+    shared_a = [c for c in gemm.candidates("tma_multicast", 256, 6144, 4096)
+                if c.get("cluster") == (1, 2)]
+    assert dict(load="tma", cluster=(1, 2), tile=(128, 96)) in shared_a
+    assert all(c.get("tile") == (128, 256) for c in gemm.candidates("tma_multicast", 8192, 8192,
+                                                                     8192))
     for mnk in [(512, 5120, 5120), (256, 512, 5120), (2048, 1536, 5120)]:
         tile, split = ops.auto_tile_and_split(*mnk)
         chosen = [c for c in gemm.candidates("tma", *mnk)
@@ -643,6 +676,26 @@ def test_ab_benchmark_cells_and_summary():
     assert gemm_ab.resolve(wave, 2048, 512, 5120) == {"tile": (64, 128), "split_k": 1}
     with pytest.raises(SystemExit, match="tile"):
         gemm_ab.resolve({"split_k": "wave"}, 256, 512, 5120)
+    # fit=W: 128-row tiles of the narrowest width that makes at most W waves (cuBLAS's
+    # tiles at these shapes are 80 and 96 wide); the rest of the spec is kept
+    assert gemm_ab.resolve({"fit": 1}, 256, 5120, 5120) == {"tile": (128, 80)}
+    spec = {"fit": 1, "load": "tma_multicast", "cluster": (1, 2)}
+    assert gemm_ab.resolve(spec, 256, 6144, 4096) == {"load": "tma_multicast",
+                                                      "cluster": (1, 2), "tile": (128, 96)}
+    with pytest.raises(ValueError, match="no tile width fits"):
+        gemm_ab.resolve({"fit": 1}, 8192, 8192, 8192)
+
+
+def test_fit_width_is_the_narrowest_that_fills_the_waves():
+    from cutetma import ops
+
+    for (m, n, waves), width in {(256, 5120, 1): 80, (256, 6144, 1): 96, (256, 14336, 2): 112,
+                                 (256, 8192, 1): 128, (512, 5120, 1): 160,
+                                 (2048, 5120, 3): 224, (2048, 8192, 2): None}.items():
+        assert ops.fit_width(m, n, waves) == width, (m, n, waves)
+        if width:
+            tiles = -(-m // 128) * -(-n // width)
+            assert tiles <= waves * 132 < -(-m // 128) * -(-n // (width - 16)) or width == 64
 
 
 def test_source_profile_plumbing_with_a_stand_in_ncu(tmp_path, monkeypatch):
