@@ -262,11 +262,18 @@ FITTED_WIDTHS = [
     dict(load="tma", tile=(128, 208), split_k=2), dict(load="tma", tile=(128, 80),
                                                        store_under_mma=False),
 ]
+# past 256 columns: two WGMMAs per warpgroup and k-step, B's box split in two TMA copies
+WIDE_TILES = [
+    dict(load="tma", tile=(128, 320)), dict(load="tma", tile=(128, 320), cluster=(2, 1)),
+    dict(load="cp_async", tile=(128, 320)), dict(load="tma", tile=(128, 384), cluster=(1, 2)),
+    dict(load="tma", tile=(64, 288)),
+]
 
 
-@pytest.mark.parametrize("variant", FITTED_WIDTHS, ids=_named)
-def test_wave_fitted_widths(variant):
-    """Odd multiples of 16 as tile widths: random shapes that are not multiples of the tile,
+@pytest.mark.parametrize("variant", FITTED_WIDTHS + WIDE_TILES, ids=_named)
+def test_new_tile_widths(variant):
+    """Tile widths first written on 2026-12-01, not yet run on a GPU then: odd multiples of
+    16 and tiles wider than one WGMMA. Random shapes that are not multiples of the tile,
     both dtypes, 16-bit and fp32 outputs into poisoned buffers, B given as (N, K) and as
     (K, N) (an N-major B of 80 columns is 160 bytes a row: a 32-byte swizzle)."""
     import torch
@@ -282,8 +289,12 @@ def test_wave_fitted_widths(variant):
                                  dtype=out_dtype)[:, :n]
                 ops.gemm(a, b, out=out, **variant)
                 check(a, b, out)
-            check(a, b.T.contiguous(), ops.gemm(a, b.T.contiguous(), trans_b=False, **variant),
-                  trans_b=False)
+            b_kn = b.T.contiguous()
+            if variant["tile"][1] > 256 and variant["tile"][1] % 128:  # refused before launch
+                with pytest.raises(ValueError, match="multiple of 64"):
+                    ops.gemm(a, b_kn, trans_b=False, **variant)
+                continue
+            check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

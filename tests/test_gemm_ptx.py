@@ -93,6 +93,33 @@ def test_widths_in_steps_of_16(load, tile_n):
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("tile_n", [288, 320, 384])
+def test_tiles_wider_than_one_wgmma(load, tile_n):
+    """Past 256 columns (one WGMMA's most) each consumer warpgroup issues two m64n(N/2)k16
+    per k-step over its 64 rows, the two halves of the same A rows against two halves of B;
+    a stage is then 56-64 KiB, so three fit (cuBLAS's 128 x 320 tile at 8192^3 has three).
+    ``cutetma.gemm`` keeps the serial epilogue for them (the held tile would spill)."""
+    from cutetma import ops
+
+    cfg = GemmConfig(tile_n=tile_n, load=load)
+    assert cfg.mma_n == tile_n // 2 and cfg.num_stages() == 3
+    ptx = kernels.compile_gemm(cfg, "BFloat16").ptx
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)
+    assert set(wgmma) == {str(tile_n // 2)} and len(wgmma) == 2 * 4  # 2 halves x 4 k-steps
+    assert ptx.count(STORE) == tile_n // 32
+    auto = ops._gemm_config(8192, 8192, load, None, (128, tile_n), 132)
+    assert not auto.store_under_mma and auto.split_k == 1
+    # an N-major B (b given as (K, N)): its WGMMAs must read whole 64-column swizzle atoms
+    ops.check_tile_for_b(cfg, b_k_major=True)
+    if tile_n == 384:
+        ops.check_tile_for_b(cfg, b_k_major=False)
+        kernels.compile_gemm(cfg, "Float16", b_k_major=False)
+    else:
+        with pytest.raises(ValueError, match="multiple of 64"):
+            ops.check_tile_for_b(cfg, b_k_major=False)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_pingpong_schedule(load):
     cfg = GemmConfig(tile_m=64, tile_n=256, load=load, schedule="pingpong")
     ptx = kernels.compile_gemm(cfg, "Float16").ptx
@@ -108,9 +135,11 @@ def test_output_dtypes(out):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(tile_m=256), "tile_m"), (dict(tile_n=72), "tile_n"), (dict(tile_n=288), "tile_n"),
+    (dict(tile_m=256), "tile_m"), (dict(tile_n=72), "tile_n"), (dict(tile_n=400), "tile_n"),
     (dict(tile_n=48), "tile_n"), (dict(tile_n=160, epi_n=64), "epi_n"),
     (dict(tile_n=80, epi_n=32), "epi_n"), (dict(tile_k=32), "tile_k"),
+    (dict(tile_n=320, store_under_mma=True), "serial epilogue"),
+    (dict(tile_n=320, split_k=2), "K whole"),
     (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
     (dict(store_under_mma=True, split_k=2), "whole cooperative tiles"),
@@ -378,6 +407,7 @@ def test_automatic_split_k_stays_out_of_explicit_choices():
     (128, 128, 1), (128, 256, 1),  # one warpgroup, two 64-row WGMMA blocks (pingpong 128)
     (128, 160, 2), (128, 192, 2),  # the widths that fit a shape's tiles to the SMs
     (128, 80, 2), (128, 176, 2),  # odd multiples of 16: 16-column sub-tiles (not yet run)
+    (128, 320, 2),  # two m64n160 WGMMAs per warpgroup and k-step (not yet run)
 ])
 def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, tile_n,
                                                             warpgroups):
@@ -525,6 +555,8 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=80, store_under_mma=True), GemmConfig(tile_n=80, load="cp_async"),
     GemmConfig(tile_n=112, cluster_n=2, store_under_mma=True),
     GemmConfig(tile_n=240, store_under_mma=True),
+    # past 256 columns: two WGMMAs per warpgroup and k-step (cuBLAS's 128 x 320 at 8192^3)
+    GemmConfig(tile_n=320), GemmConfig(tile_n=320, cluster_m=2), GemmConfig(tile_n=384),
 ], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}"
                  f"{'-sum' if c.store_under_mma else ''}"
                  f"{'-atomic' if c.split_sum == 'atomic' else ''}")

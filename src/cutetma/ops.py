@@ -377,8 +377,9 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
         tile = (tile_m, 256 if tiles_256 >= sm_count and tile_m == 128 else 128)
     whole_cooperative = schedule == "cooperative" and split_k == 1 and not stream_k
     if store_under_mma is None:  # on wherever it applies: faster at the H200's power cap
-        # in 4 of 4 shapes (gemm_sustained_store.json, 2026-12-01), even in short runs
-        store_under_mma = whole_cooperative
+        # in 4 of 4 shapes (gemm_sustained_store.json, 2026-12-01), even in short runs; not
+        # past 256 columns, where the held tile does not fit in the registers (GemmConfig)
+        store_under_mma = whole_cooperative and tile[1] <= 256
     if store_under_mma and not whole_cooperative:
         raise ValueError("store_under_mma=True needs whole cooperative tiles (no pingpong, "
                          "split_k or stream_k)")
@@ -442,7 +443,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles in (2, 1)
     clusters that multicast B, where a model measured on the H200 says that is faster
     (``multicast_pays``); ``cluster=(1, 1)`` keeps one CTA per cluster. ``tile`` (tile_m, tile_n):
-    tile_m 64 or 128, tile_n a multiple of 32 from 64 to 256.
+    tile_m 64 or 128, tile_n a multiple of 16 from 64 to 384 (wider than 256: K whole and the
+    serial epilogue).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
@@ -516,6 +518,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     b_ok = _aligned_operand(b_nk, "b", allow_copy)
     if a_ok.stride(1) != 1:
         raise ValueError("a must be K-major (row-major (M, K)): an M-major A is not supported")
+    check_tile_for_b(cfg, b_k_major=b_ok.stride(1) == 1)
 
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
@@ -536,6 +539,16 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, _stream(), *workspace)
     kernel(*tensors, _stream(), *workspace)  # max_active_clusters: a compile-time constant
     return result
+
+
+def check_tile_for_b(cfg, b_k_major: bool) -> None:
+    """Refuse, before launch, a tile wider than 256 whose WGMMAs (half the tile each) cannot
+    read an N-major B: its 128-byte swizzle atom is 64 columns and a WGMMA reads whole atoms
+    (the DSL fails to partition 128 x 320 that way)."""
+    if not b_k_major and cfg.tile_n > 256 and cfg.mma_n % 64:
+        raise ValueError(f"tile=({cfg.tile_m}, {cfg.tile_n}) with b given as (K, N) needs its "
+                         f"WGMMAs' width ({cfg.mma_n}, half the tile) to be a multiple of 64: "
+                         "use tile_n 384, at most 256, or b as (N, K)")
 
 
 def check_split_workspace(m: int, n: int, cfg, device_bytes: int) -> int:

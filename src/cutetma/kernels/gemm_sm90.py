@@ -47,7 +47,8 @@ the hand-over differ::
                  (zero before a launch, zero after it: whoever reads one resets it)
 
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
-B K-major or N-major, C row-major; tile M in {64, 128}, N in {64, 128, 256}, K-tile 64;
+B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64 to 384
+(past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole), K-tile 64;
 cluster (1|2, 1|2) multicasts A along N and B along M (TMA only); K and the contiguous
 dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K need not be
 multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only: ``pytest tests/test_gemm_ptx.py``.
@@ -129,12 +130,15 @@ class GemmConfig:
     def __post_init__(self):
         if self.tile_m not in (64, 128):
             raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
-        if self.tile_n % 16 or not 64 <= self.tile_n <= 256:
-            # one m64nNk16 WGMMA per warpgroup spans the tile's N (N <= 256). Widths between
-            # the powers of two exist to fit a shape's tiles to the SMs' waves: 512 x 5120 is
-            # 80 tiles of 128 x 256 on 132 SMs but 128 of 128 x 160, and 256 x 5120 is 128
-            # tiles of 128 x 80 (cuBLAS's own tile there, benchmarks/results/cublas_kernels.json)
-            raise ValueError(f"tile_n={self.tile_n}: a multiple of 16 from 64 to 256")
+        if self.tile_n % 16 or not 64 <= self.tile_n <= 384:
+            # one m64nNk16 WGMMA per warpgroup and k-step spans the tile's N up to 256, two of
+            # N / 2 beyond (``mma_n``). Widths between the powers of two exist to fit a
+            # shape's tiles to the SMs' waves: 512 x 5120 is 80 tiles of 128 x 256 on 132 SMs
+            # but 128 of 128 x 160, and 256 x 5120 is 128 tiles of 128 x 80; wider than 256,
+            # each k-tile does more WGMMA work per byte loaded (128 x 320: cuBLAS's tile at
+            # 8192^3, benchmarks/results/cublas_kernels.json). 384: 192 fp32 accumulators a
+            # consumer thread, the most that fit beside the addresses without spilling
+            raise ValueError(f"tile_n={self.tile_n}: a multiple of 16 from 64 to 384")
         if self.epi_n is None:  # the widest sub-tile that divides the tile: 32 or 16 columns
             object.__setattr__(self, "epi_n", 32 if self.tile_n % 32 == 0 else 16)
         if self.tile_n % self.epi_n:
@@ -161,6 +165,12 @@ class GemmConfig:
         if self.store_under_mma and (self.pingpong or self.split_k > 1 or self.stream_k):
             raise ValueError("store_under_mma is for whole cooperative tiles: pingpong hides "
                              "the epilogue already, and split_k / stream_k hand partials over")
+        if self.tile_n > 256 and (self.store_under_mma or self.split_k > 1):
+            # ptxas (CUDA 13.0) spills the held tile (268 bytes at 128 x 320) and split-K's
+            # partial views (4 bytes): past 256 columns the accumulator alone takes
+            # tile_n / 2 registers of each consumer thread
+            raise ValueError(f"tile_n={self.tile_n} > 256 keeps the serial epilogue and K "
+                             "whole: no store_under_mma, no split_k")
         if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
             # one warpgroup holds the whole tile's fp32 accumulator: 128 x 256 would be 256
             # registers a thread, past setmaxnreg's 240
@@ -183,6 +193,10 @@ class GemmConfig:
     @property
     def threads(self) -> int:
         return WARPGROUP * (1 + self.consumer_groups)
+
+    @property
+    def mma_n(self) -> int:
+        return mma_n(self.tile_n)
 
     @property
     def multicast(self) -> bool:
@@ -213,12 +227,18 @@ EPI_STAGES = 4
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
 
 
+def mma_n(tile_n: int) -> int:
+    """The N of each WGMMA: the tile's width, or half of it past 256 (two per k-step)."""
+    return tile_n // -(-tile_n // 256)
+
+
 def make_tiled_mma(ab_dtype, a_major, b_major, warpgroups: int, tile_n: int):
     """The WGMMA of ``warpgroups`` warpgroups stacked along M (64 rows each, one
-    m64n{tile_n}k16 instruction per warpgroup and k-step), fp32 accumulation."""
+    m64n{tile_n}k16 instruction per warpgroup and k-step; past 256 columns the atom is
+    m64n{tile_n / 2}k16 and the tile repeats it twice along N), fp32 accumulation."""
     return sm90.make_trivial_tiled_mma(
         ab_dtype, ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
-        cutlass.Float32, (warpgroups, 1, 1), tiler_mn=(64, tile_n))
+        cutlass.Float32, (warpgroups, 1, 1), tiler_mn=(64, mma_n(tile_n)))
 
 
 def epilogue_copy(tiled_mma, c_major, c_dtype):
