@@ -8,6 +8,33 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 14's call (``.gpu/run1.sh``; 1 call, 110 s; then no machine was lent)::
+
+    python benchmarks/cublas_kernels.py                  # cuBLAS's kernel per cell, 12 s
+    python benchmarks/gemm_ab.py --rounds 3 --name gemm_m256_wide_split --cells <12 cells at
+        M = 256 / 512> --kernels ours ours:tile=128x256,split_k=2 ours:tile=128x192,split_k=2 \
+        ours:tile=128x160,split_k=2 ours:load=tma_multicast,cluster=2x2,tile=128x128   # 42 s
+
+Next (written in session 14, not yet run): the new tile widths' GPU tests, then what they
+are worth, against cuBLAS in interleaved rounds::
+
+    python -m pytest -q -x -m gpu tests/test_gemm_gpu.py -k new_tile_widths
+    python benchmarks/gemm_ab.py --rounds 3 --name gemm_fitted_m256_512 \
+        --cells <the 32 M = 256 / 512 grid shapes with N > 1536> \
+        --kernels ours ours:fit=1 ours:fit=2 ours:fit=1,load=tma_multicast,cluster=1x2 \
+        ours:fit=1,load=tma_multicast,cluster=2x1 ours:fit=2,load=tma_multicast,cluster=1x2 \
+        ours:tile=64x128,load=tma_multicast,cluster=2x1   # cuBLAS's tile and cluster at
+                                                            # 256x4096x4096 (0.92x there)
+    python benchmarks/gemm_ab.py --rounds 3 --name gemm_fitted_m2048 \
+        --cells 2048x5120x5120 2048x5120x12288 2048x5120x16384 2048x4096x14336 \
+        --kernels ours ours:fit=3 ours:fit=4 ours:fit=3,load=tma_multicast,cluster=2x1
+    python benchmarks/gemm_ab.py --rounds 9 --name gemm_wide_tiles \
+        --cells 8192x8192x8192 4096x4096x4096 8192x14336x4096 512x10240x8192 \
+        --kernels ours ours:tile=128x320 ours:tile=128x320,load=tma_multicast,cluster=2x1 \
+        ours:tile=128x384,load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=2x1
+
+then fit ``ops.K_TILE_TIME`` for the widths that win and add them to ``ops.AUTO_TILES``.
+
 Session 13's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, 1,693 s; NVIDIA's
 example copied from a CUTLASS checkout into ``.snapC/nvidia/``, never into the repository)::
 
@@ -34,10 +61,11 @@ example copied from a CUTLASS checkout into ``.snapC/nvidia/``, never into the r
     python benchmarks/gemm.py --dtypes float16 --cells <the 73 cells with M >= 256> \
         --name gemm_fp16_default_rounds    # the default in the rounds, 203 s
 
-Next: the M = 256 / 512 rows (0.94 / 0.95x), e.g. a 256-row tile whose two warpgroups share
-each B tile (the 2 x 1 multicast's saving without the cluster); 2048x5120x16384 (0.81x,
-split 2 where 128 x 160 unsplit measured 0.94x); the grid once with the reversed-order
-rounds (``gemm.alternating_rounds``, not yet run on the GPU).
+Session 13's next steps: the M = 256 / 512 rows (0.94 / 0.95x), e.g. a 256-row tile whose two
+warpgroups share each B tile (session 14: its tile count and its loads per SM equal 128 x
+256's, so it was not built; cuBLAS fits the width instead); 2048x5120x16384 (0.81x, split 2
+where 128 x 160 unsplit measured 0.94x); the grid once with the reversed-order rounds
+(``gemm.alternating_rounds``, still not run on the GPU).
 
 Session 12's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, about 1,715 s)::
 

@@ -11,7 +11,10 @@ and 52 idle, so the kernel can reach at most 80 / 132 = 61% of the card however 
 mainloop is. Halving the tile helps a little (160 tiles of 128 x 128: 2 waves, the second
 21% full), at a lower rate per tile. Two cures: fit the tile's width to the SMs (128 x 160 is
 4 x 32 = 128 tiles, 97% of the card in one wave: a WGMMA's N may be any multiple of 8 up to
-256, and the kernel takes any multiple of 32), or cut along K, which every tile has plenty of.
+256, and the kernel takes any multiple of 16, up to 384 with two WGMMAs a k-step), or cut
+along K, which every tile has plenty of. cuBLAS fits: at M = 256 / 512 in the paper's shapes
+it cut K only in the four cells where its tiles made half a wave or less, and its tiles are
+80, 96, 112, 168, 176 or 320 wide where that makes about one wave (section 5b).
 
 **Two ways to cut, one kernel.** Both keep the producer, the stages, the WGMMAs and the
 epilogue of 07; only the list of work units and the hand-over of fp32 partial sums differ
@@ -231,6 +234,39 @@ def measured() -> str:
             f"(split-K beat the power-of-two tiles in {split_wins})")
 
 
+def cublas_choices() -> str:
+    heading("5b. What cuBLAS ran for the same problems on the H200 (cublas_kernels.json, fp16)")
+    path = RESULTS / "cublas_kernels.json"
+    if not path.exists():
+        print("(no results file)")
+        return "no cuBLAS record"
+    print("cuBLAS names its tile in its own column-major view, C^T = B A^T: the first number "
+          "runs along our N")
+    print(f"{'M x N x K':>17} {'cuBLAS tile':>12} {'cluster':>8} {'tiles':>6} {'waves':>6}"
+          f"   cutetma.gemm: tile, cluster, slices -> units, waves")
+    fitted = shown = 0
+    for row in json.loads(path.read_text())["rows"]:
+        kernel = row["kernels"][0] if row["kernels"] else {}
+        if row["dtype"] != "float16" or "tile" not in kernel or row["M"] not in (256, 512):
+            continue
+        n_tile, m_tile = kernel["tile"]  # cuBLAS's (its M, its N) = our (N, M)
+        tiles = -(-row["M"] // m_tile) * -(-row["N"] // n_tile)
+        cfg = ops._gemm_config(row["M"], row["N"], "tma", None, None, SM_COUNT, split_k=None,
+                               k=row["K"])
+        ours = -(-row["M"] // cfg.tile_m) * -(-row["N"] // cfg.tile_n) * cfg.split_k
+        fitted += n_tile % 32 != 0 or n_tile > 256
+        if row["N"] in (5120, 6144, 14336, 10240) and row["K"] in (4096, 5120, 8192):
+            shown += 1
+            cluster = "x".join(map(str, kernel["cluster"][::-1]))
+            split = " split-K" if "splitK" in kernel["name"] else ""
+            shape = f"{row['M']}x{row['N']}x{row['K']}"
+            print(f"{shape:>17} {m_tile:>6}x{n_tile:<5} {cluster:>8} "
+                  f"{tiles:>6} {tiles / SM_COUNT:>6.2f}{split}   {cfg.tile_m}x{cfg.tile_n}, "
+                  f"{cfg.cluster_m}x{cfg.cluster_n}, {cfg.split_k} -> {ours}, "
+                  f"{ours / SM_COUNT:.2f}")
+    return f"cuBLAS's tile was no multiple of 32 or wider than 256 in {fitted} of its M = 256 / 512 cells"
+
+
 def on_the_gpu() -> str:
     import torch
 
@@ -271,6 +307,7 @@ def main() -> int:
     counts = the_ptx()
     agreement = the_model()
     ablation = measured()
+    peer = cublas_choices()
     reason = gpu_unavailable()
     if reason:
         heading("6. On the GPU")
@@ -288,7 +325,7 @@ def main() -> int:
           f"and the last unit's {counts['partial in (16 B)']['split_k=3']} loads in the "
           f"split-K PTX; stream-K's list here writes {writes} partials). That hand-over costs "
           f"8-13 us a unit, so the model cuts only long wave tails and matches the H200's "
-          f"winners in {agreement} cells; {ablation}. {gpu}.")
+          f"winners in {agreement} cells; {ablation}; {peer}. {gpu}.")
     return 0
 
 
