@@ -78,7 +78,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     multicast along M would share nothing; few output tiles: also split-K, as the
     library's rule would apply it everywhere; the correctness check before timing guards
     every candidate)."""
-    from cutetma.ops import auto_tile_and_split, fit_width, split_for_waves, wave_efficiency
+    from cutetma.ops import auto_tile_and_split, split_for_waves, wave_efficiency
 
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
@@ -116,17 +116,16 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
         seen += [o for o in options if o not in seen]
     if name == "tma_multicast" and 128 < m <= 512 and (
             wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW):
-        width = fit_width(m, n, 1, sm_count=SM_COUNT)
-        if width and width >= 80:
-            seen.append(dict(load="tma", cluster=(1, 2), tile=(128, width)))
+        seen += [dict(load="tma", cluster=(1, 2), tile=(128, w)) for w in fitted_widths(m, n, (1,))]
     yield from seen
 
 
-def fitted_widths(m: int, n: int) -> list[int]:
-    """``FIT_WAVES``' narrowest widths for this shape, 80 to 256 (no duplicates, in order)."""
+def fitted_widths(m: int, n: int, waves=FIT_WAVES) -> list[int]:
+    """The narrowest widths for this shape that make each of ``waves`` waves, 80 to 256 (no
+    duplicates, in order)."""
     from cutetma.ops import fit_width
 
-    widths = [fit_width(m, n, waves, sm_count=SM_COUNT) for waves in FIT_WAVES]
+    widths = [fit_width(m, n, count, sm_count=SM_COUNT) for count in waves]
     return sorted({w for w in widths if w and w >= 80})
 
 

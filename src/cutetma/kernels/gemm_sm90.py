@@ -137,7 +137,8 @@ class GemmConfig:
             # but 128 of 128 x 160, and 256 x 5120 is 128 tiles of 128 x 80; wider than 256,
             # each k-tile does more WGMMA work per byte loaded (128 x 320: cuBLAS's tile at
             # 8192^3, benchmarks/results/cublas_kernels.json). 384: 192 fp32 accumulators a
-            # consumer thread, the most that fit beside the addresses without spilling
+            # consumer thread and no spills; at 416 ptxas spills 2 KiB and serializes the
+            # WGMMAs (C7512)
             raise ValueError(f"tile_n={self.tile_n}: a multiple of 16 from 64 to 384")
         if self.epi_n is None:  # the widest sub-tile that divides the tile: 32 or 16 columns
             object.__setattr__(self, "epi_n", 32 if self.tile_n % 32 == 0 else 16)
