@@ -5,7 +5,8 @@
 Steps: ``hardware`` (the hardware-swizzle check -> hw_swizzle.json), ``tests`` (pytest -m gpu
 in a child process with per-test and total timeouts, so a deadlocked kernel cannot take the
 whole call), then any benchmark steps (``gemm_bench``,
-``gemm_tune``, ``gemm_headline``, ``attention_bench``, ``paper_l2``, ``tutorials``). A short
+``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``attention_bench``, ``paper_l2``,
+``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
 Session 14's call (``.gpu/run1.sh``; 1 call, 110 s; then no machine was lent)::
@@ -16,7 +17,9 @@ Session 14's call (``.gpu/run1.sh``; 1 call, 110 s; then no machine was lent)::
         ours:tile=128x160,split_k=2 ours:load=tma_multicast,cluster=2x2,tile=128x128   # 42 s
 
 Next (written in session 14, not yet run): the new tile widths' GPU tests, then what they
-are worth, against cuBLAS in interleaved rounds::
+are worth, against cuBLAS in interleaved rounds; all of it is one command,
+``gpu_session.py --only tests gemm_widths --pytest tests/test_gemm_gpu.py::test_new_tile_widths``
+(``WIDTH_ABS`` holds the A/Bs below)::
 
     python -m pytest -q -x -m gpu tests/test_gemm_gpu.py -k new_tile_widths
     python benchmarks/gemm_ab.py --rounds 3 --name gemm_fitted_m256_512 \
@@ -214,6 +217,8 @@ from pathlib import Path
 
 OUT = Path(os.environ.get("OUT", "gpu_out"))
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gemm import PAPER_NK  # noqa: E402
 
 
 def step_hardware(args):
@@ -271,6 +276,41 @@ def step_gemm_headline(args):
     return f"gemm headline rc={gemm_tune.main(['--out', str(OUT), '--headline-only'])}"
 
 
+# session 14's widths (steps of 16, and past 256), not yet measured when written: the
+# one- and two-wave widths at M = 256 / 512 (cuBLAS's own tiles there) with and without a
+# cluster, at M = 2048 where three or four waves fit, and 128 x 320 / 384 (cuBLAS's tile at
+# 8192^3) at the headline shapes, each against cuBLAS and the default in alternating rounds
+WIDTH_ABS = [
+    ("gemm_fitted_m256_512", 3, [(m, n, k) for m in (256, 512) for n, k in PAPER_NK if n > 1536],
+     ["ours", "ours:fit=1", "ours:fit=2", "ours:fit=1,load=tma_multicast,cluster=1x2",
+      "ours:fit=1,load=tma_multicast,cluster=2x1", "ours:fit=2,load=tma_multicast,cluster=1x2",
+      "ours:tile=64x128,load=tma_multicast,cluster=2x1"]),
+    ("gemm_fitted_m2048", 3, [(2048, 5120, 5120), (2048, 5120, 12288), (2048, 5120, 16384),
+                              (2048, 4096, 14336)],
+     ["ours", "ours:fit=3", "ours:fit=4", "ours:fit=3,load=tma_multicast,cluster=2x1"]),
+    ("gemm_wide_tiles", 9, [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 14336, 4096),
+                            (512, 10240, 8192)],
+     ["ours", "ours:tile=128x320", "ours:tile=128x320,load=tma_multicast,cluster=2x1",
+      "ours:tile=128x384,load=tma_multicast,cluster=2x1",
+      "ours:load=tma_multicast,cluster=2x1"]),
+]
+
+
+def step_gemm_widths(args):
+    """``WIDTH_ABS``: one interleaved A/B file each (``gemm_ab.py``), fp16."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gemm_ab
+
+    done = []
+    for name, rounds, cells, kernels in WIDTH_ABS:
+        cells = cells[:4] if args.quick else cells
+        rc = gemm_ab.main(["--out", str(OUT), "--name", name, "--rounds", str(rounds),
+                           "--cells", *("x".join(map(str, c)) for c in cells),
+                           "--kernels", *kernels])
+        done.append(f"{name} rc={rc}")
+    return ", ".join(done)
+
+
 def step_tutorials(args):
     """Run the GPU tutorials; each one's output is kept for its 'Measured on the H200' block."""
     import subprocess
@@ -306,6 +346,7 @@ def step_paper_l2(args):
 
 STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm_bench,
          "gemm_tune": step_gemm_tune, "gemm_headline": step_gemm_headline,
+         "gemm_widths": step_gemm_widths,
          "tutorials": step_tutorials, "attention_bench": step_attention_bench,
          "paper_l2": step_paper_l2}
 

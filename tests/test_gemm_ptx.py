@@ -718,6 +718,30 @@ def test_ab_benchmark_cells_and_summary():
         gemm_ab.resolve({"fit": 1}, 8192, 8192, 8192)
 
 
+def test_next_sessions_width_ab_specs_resolve():
+    """``gpu_session.py``'s ``gemm_widths`` step: every spec parses, and every ``fit=W`` spec
+    gives each of its cells a tile or refuses it with the reason (reported, not fatal)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm_ab
+    import gemm_sustained
+    import gpu_session
+
+    assert "gemm_widths" in gpu_session.STEPS
+    for _, _, cells, specs in gpu_session.WIDTH_ABS:
+        for spec in specs:
+            kwargs = gemm_sustained.parse_kernel(spec)
+            for m, n, k in cells:
+                try:
+                    resolved = gemm_ab.resolve(kwargs, m, n, k)
+                except ValueError as exc:
+                    assert "fit" in kwargs and "no tile width fits" in str(exc)
+                    continue
+                assert "fit" not in resolved and (resolved is kwargs or "tile" in resolved)
+
+
 def test_fit_width_is_the_narrowest_that_fills_the_waves():
     from cutetma import ops
 
