@@ -5,11 +5,14 @@
 
 cuBLAS's Hopper kernels (``nvjet_sm90_...``) carry their configuration in their names:
 ``nvjet_sm90_hsh_320x128_64x3_1x2_h_bz_coopB_TNT`` is a 320 x 128 output tile, 64-wide
-k-tiles in 3 stages, a 1 x 2 cluster, a cooperative consumer split. Knowing the peer's tile,
-stages, cluster and whether it splits K (a second, reduction kernel) says what our model's
-choice is up against in each cell. Default cells: the paper grid's M = 256 / 512 rows and the
-two headline shapes. Writes ``<name>.json`` (rows: M, N, K, dtype, the kernels launched by
-one ``a @ b.T`` with their share of its GPU time, and the fields parsed from an nvjet name).
+k-tiles in 3 stages, a 1 x 2 cluster, a cooperative consumer split. Tile and cluster are in
+cuBLAS's column-major view of ``a @ b.T`` (C^T = B A^T: its M is our N), so that kernel is a
+128 x 320 tile of ours in a (2, 1) cluster; the fields below keep cuBLAS's order. Knowing
+the peer's tile, stages, cluster and whether it splits K (a second, reduction kernel) says
+what our model's choice is up against in each cell. Default cells: the paper grid's M = 256
+/ 512 rows and the two headline shapes. Writes ``<name>.json`` (rows: M, N, K, dtype, the
+kernels launched by one ``a @ b.T`` with their share of its GPU time, and the fields parsed
+from an nvjet name).
 """
 
 from __future__ import annotations

@@ -298,7 +298,6 @@ WIDTH_ABS = [
 
 def step_gemm_widths(args):
     """``WIDTH_ABS``: one interleaved A/B file each (``gemm_ab.py``), fp16."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import gemm_ab
 
     done = []

@@ -244,7 +244,7 @@ def cublas_choices() -> str:
           "runs along our N")
     print(f"{'M x N x K':>17} {'cuBLAS tile':>12} {'cluster':>8} {'tiles':>6} {'waves':>6}"
           f"   cutetma.gemm: tile, cluster, slices -> units, waves")
-    fitted = shown = 0
+    fitted = 0
     for row in json.loads(path.read_text())["rows"]:
         kernel = row["kernels"][0] if row["kernels"] else {}
         if row["dtype"] != "float16" or "tile" not in kernel or row["M"] not in (256, 512):
@@ -256,7 +256,6 @@ def cublas_choices() -> str:
         ours = -(-row["M"] // cfg.tile_m) * -(-row["N"] // cfg.tile_n) * cfg.split_k
         fitted += n_tile % 32 != 0 or n_tile > 256
         if row["N"] in (5120, 6144, 14336, 10240) and row["K"] in (4096, 5120, 8192):
-            shown += 1
             cluster = "x".join(map(str, kernel["cluster"][::-1]))
             split = " split-K" if "splitK" in kernel["name"] else ""
             shape = f"{row['M']}x{row['N']}x{row['K']}"
