@@ -318,27 +318,31 @@ def test_split_sum_follows_the_hand_over_model_unless_asked_for_determinism():
         torch.use_deterministic_algorithms(before)
 
 
-@pytest.mark.parametrize("mnk,multicast", [
+@pytest.mark.parametrize("mnk,shared", [
     # gemm_m256_clusters.json (H200, 2026-12-01): 128 x 128 tiles in (2, 1) clusters against
     # the automatic choice, each case the measured faster
-    ((256, 8192, 8192), True), ((256, 7680, 5120), True), ((256, 6144, 4096), True),
-    ((256, 24576, 1536), True), ((512, 4096, 4096), True),   # about one wave: won by 1-8%
-    ((256, 12288, 5120), False), ((256, 10240, 8192), False), ((256, 4096, 14336), False),
-    ((512, 5120, 5120), False), ((512, 6144, 4096), False),  # 1.2-1.5 waves: lost by 15-33%
-    ((256, 4096, 4096), False), ((256, 14336, 4096), False), ((256, 28672, 8192), False),
-    ((256, 5120, 5120), False),
-    ((384, 8192, 8192), False),   # 3 tile rows: a cluster would leave a CTA idle
-    ((2048, 8192, 8192), False),  # beyond the measured M
+    ((256, 8192, 8192), 128), ((256, 7680, 5120), 128), ((256, 24576, 1536), 128),
+    ((512, 4096, 4096), 128),                            # about one wave: won by 1-8%
+    ((256, 12288, 5120), None), ((256, 10240, 8192), None),
+    ((512, 5120, 5120), None), ((512, 6144, 4096), None),  # 1.2-1.5 waves: lost by 15-33%
+    ((256, 14336, 4096), None), ((256, 28672, 8192), None),
+    # gemm_fitted_m256_512.json (2026-12-01): the narrowest one-wave width, multicast, won
+    # by 3-11% over the choice before (128 x 128 in (2, 1) clusters at 256 x 6144, 64 x 128 at
+    # 256 x 4096 x 4096, 128 x 160 in two slices at N = 5120) and lost by 7.5% at K = 14336
+    ((256, 6144, 4096), 96), ((256, 4096, 4096), 64), ((256, 5120, 5120), 80),
+    ((256, 5120, 12288), 80), ((256, 5120, 16384), 80), ((256, 4096, 14336), None),
+    ((384, 8192, 8192), None),   # 3 tile rows: a cluster would leave a CTA idle
+    ((2048, 8192, 8192), None),  # beyond the measured M
 ])
-def test_automatic_multicast_follows_the_measurements(mnk, multicast):
+def test_automatic_multicast_follows_the_measurements(mnk, shared):
     from cutetma import ops
 
     m, n, k = mnk
-    assert ops.multicast_pays(m, n, k) == multicast
+    assert ops.multicast_pays(m, n, k) == (shared is not None)
     cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
-    assert ((cfg.cluster_m, cfg.cluster_n) == (2, 1)) == multicast
-    if multicast:
-        assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (128, 128, 1) and cfg.store_under_mma
+    assert ((cfg.cluster_m, cfg.cluster_n) == (2, 1)) == (shared is not None)
+    if shared:
+        assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (128, shared, 1) and cfg.store_under_mma
     for load, cluster, tile in (("cp_async", None, None), ("tma", (1, 1), None),
                                 ("tma", None, (128, 256))):  # anything given: no cluster
         other = ops._gemm_config(m, n, load, cluster, tile, 132, split_k=None, k=k)

@@ -322,21 +322,53 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
 # 1-8%, where its tiles make about one wave, and lost by 3-33% where they make 1.2-1.5)
 MULTICAST_128_K_TILE_TIME = 0.52
 MULTICAST_MAX_M = 512  # measured up to here; larger M keep their wider tiles
+# Narrower than 128 (64 to 112 wide, cuBLAS's tiles at M = 256: cublas_kernels.json), a
+# multicast tile's k-tile time is taken as ``k_tile_time``'s line scaled as at 128
+# (0.52 / 0.56): the slopes measured on the H200 (gemm_fitted_m256_512.json, 2026-12-01:
+# 0.23 / 0.24 us a k-tile at 64 / 80 wide, against 0.78 at 128 x 256) sit on it. Such a tile
+# is chosen only where it fills a wave (the SMs at least NARROW_MIN_FILL full) and the model
+# puts it NARROW_MARGIN ahead: its fixed costs (about 10 us a launch there, prologue and
+# epilogue) weigh more against a split's than the model says. With both, the model picks the
+# measured faster in 6 of 6 cells (won by 1-11% at 256 x 4096 / 5120 / 6144, lost by 7.5% at
+# 256 x 4096 x 14336, where the model has it 2% ahead of 128 x 128 in two slices)
+NARROW_MULTICAST_WIDTHS = range(64, 128, 16)
+NARROW_MIN_FILL = 0.9
+NARROW_MARGIN = 0.95
+
+
+def multicast_k_tile_time(width: int) -> float:
+    """A k-tile of a (128, ``width``) tile multicast in (2, 1) clusters, in ``grid_time``'s
+    units (``MULTICAST_128_K_TILE_TIME`` and the notes above it)."""
+    return k_tile_time((128, width)) * MULTICAST_128_K_TILE_TIME / K_TILE_TIME[(128, 128)]
+
+
+def multicast_tile(m: int, n: int, k: int, sm_count: int = 132, choice=None):
+    """The (128, width) tile ``cutetma.gemm`` (``load="tma"``, no cluster, tile or split
+    given) runs in (2, 1) clusters that multicast B, or None for ``auto_tile_and_split``'s
+    choice. For 128 < M <= 512 with an even number of 128-row tiles (an odd one would leave
+    a CTA of each last cluster idle): 128 x 128 where ``grid_time`` with
+    ``MULTICAST_128_K_TILE_TIME`` says it is faster, or the narrowest width below 128 whose
+    tiles fill one wave where ``multicast_k_tile_time`` puts it ``NARROW_MARGIN`` ahead of
+    both. ``choice``: the automatic (tile, slices) when the caller has it already."""
+    tiles_m = -(-m // 128)
+    if not 128 < m <= MULTICAST_MAX_M or tiles_m % 2:
+        return None
+    k_tiles = -(-k // 64)
+    tile, split = choice or auto_tile_and_split(m, n, k, sm_count)
+    best, best_time = None, grid_time(m, n, k, tile, split, sm_count)
+    waves_128 = -(-tiles_m * -(-n // 128) // sm_count)
+    if waves_128 * k_tiles * MULTICAST_128_K_TILE_TIME < best_time:
+        best, best_time = (128, 128), waves_128 * k_tiles * MULTICAST_128_K_TILE_TIME
+    width = fit_width(m, n, 1, 128, sm_count, NARROW_MULTICAST_WIDTHS)
+    if width and tiles_m * -(-n // width) >= NARROW_MIN_FILL * sm_count:
+        if k_tiles * multicast_k_tile_time(width) < NARROW_MARGIN * best_time:
+            best = (128, width)
+    return best
 
 
 def multicast_pays(m: int, n: int, k: int, sm_count: int = 132, choice=None) -> bool:
-    """Whether ``cutetma.gemm`` (``load="tma"``, no cluster, tile or split given) runs 128 x
-    128 tiles in (2, 1) clusters that multicast B, rather than ``auto_tile_and_split``'s
-    choice: by ``grid_time`` with ``MULTICAST_128_K_TILE_TIME``, for 128 < M <= 512 with an
-    even number of 128-row tiles (an odd one would leave a CTA of each last cluster idle).
-    ``choice``: that (tile, slices) when the caller has it already."""
-    tiles_m = -(-m // 128)
-    if not 128 < m <= MULTICAST_MAX_M or tiles_m % 2:
-        return False
-    tiles = tiles_m * -(-n // 128)
-    multicast = -(-tiles // sm_count) * -(-k // 64) * MULTICAST_128_K_TILE_TIME
-    tile, split = choice or auto_tile_and_split(m, n, k, sm_count)
-    return multicast < grid_time(m, n, k, tile, split, sm_count)
+    """Whether ``cutetma.gemm`` multicasts B by itself (``multicast_tile``)."""
+    return multicast_tile(m, n, k, sm_count, choice) is not None
 
 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
@@ -363,8 +395,9 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
                 if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
                     tile, schedule = (128, 128), "pingpong"
-                elif auto_cluster and multicast_pays(m, n, k, sm_count, (tile, split_k)):
-                    tile, cluster, split_k = (128, 128), (2, 1), 1
+                elif auto_cluster and (
+                        shared := multicast_tile(m, n, k, sm_count, (tile, split_k))):
+                    tile, cluster, split_k = shared, (2, 1), 1
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
                 tile = (64, 128) if split_k > 1 else None
@@ -440,9 +473,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     accumulation, output ``out_dtype`` (default: the input dtype) or into ``out`` (M, N).
     ``load``: ``"tma"``, ``"tma_multicast"`` (cluster (2, 1) unless ``cluster`` says) or
     ``"cp_async"``, the same kernel with its producer swapped. With ``"tma"`` and no
-    ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles in (2, 1)
-    clusters that multicast B, where a model measured on the H200 says that is faster
-    (``multicast_pays``); ``cluster=(1, 1)`` keeps one CTA per cluster. ``tile`` (tile_m, tile_n):
+    ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles, or
+    the narrowest (64 to 112 wide) that fill one wave, in (2, 1) clusters that multicast B,
+    where a model measured on the H200 says that is faster (``multicast_tile``); ``cluster=(1, 1)`` keeps one CTA per cluster. ``tile`` (tile_m, tile_n):
     tile_m 64 or 128, tile_n a multiple of 16 from 64 to 384 (wider than 256: K whole and the
     serial epilogue).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
