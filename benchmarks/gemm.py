@@ -16,7 +16,9 @@ reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``-
 and ``--dtypes`` narrow the grid.
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out. The whole grid takes about
 8 minutes on the H200; to stay under a call's limit run ``--dtypes float16 --name gemm_fp16``
-and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU).
+and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU; a
+cell in a later file replaces the same cell of an earlier one, so a few cells measured
+again merge into the grid).
 """
 
 from __future__ import annotations
@@ -368,7 +370,9 @@ def main(argv=None):
         import json
 
         parts = [json.loads(Path(f).read_text()) for f in args.merge]
-        rows = [row for part in parts for row in part["rows"]]
+        # a cell measured again (a later file) replaces its earlier row
+        rows = list({(r["M"], r["N"], r["K"], r["dtype"]): r
+                     for part in parts for r in part["rows"]}.values())
         extra = {"merged_from": [dict(file=Path(f).name, **{k: part["meta"].get(k) for k in
                                                              ("date", "command", "complete")})
                                  for f, part in zip(args.merge, parts, strict=True)],

@@ -294,9 +294,10 @@ def test_new_tile_widths(variant):
             if not fp16:
                 continue
             b_kn = b.T.contiguous()
-            # refused before launch, unless N breaks the 16-byte rule: then gemm copies B
-            # into an aligned (N, K) buffer, which any width reads
-            if variant["tile"][1] > 256 and variant["tile"][1] % 128 and n % 8 == 0:
+            # refused before launch where B stays N-major: not where N breaks the 16-byte
+            # rule (gemm copies B into an aligned (N, K) buffer, which any width reads) nor at
+            # K = 1 (a (1, N) tensor is K-major too)
+            if variant["tile"][1] > 256 and variant["tile"][1] % 128 and n % 8 == 0 and k > 1:
                 with pytest.raises(ValueError, match="multiple of 64"):
                     ops.gemm(a, b_kn, trans_b=False, **variant)
                 continue
@@ -318,6 +319,28 @@ def test_automatic_multicast_at_small_m(dtype):
                     (200, 5000, 5000), (256, 4096, 4096)]:
         cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
         assert (cfg.cluster_m, cfg.cluster_n) == (2, 1), (m, n, k)
+        a = torch.randn(m, k, device="cuda", dtype=t)
+        b = torch.randn(n, k, device="cuda", dtype=t)
+        for out_dtype in (t, torch.float32):
+            out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                             dtype=out_dtype)[:, :n]
+            ops.gemm(a, b, out=out)
+            check(a, b, out)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_automatic_fitted_widths(dtype):
+    """Where ``cutetma.gemm`` narrows 128 x 256 tiles to the width with as many waves (M <=
+    512: 300 x 9000 in 128 x 208, 500 x 14000 in 128 x 224): shapes that are not multiples
+    of the tile, fp16 / fp32 outputs into poisoned buffers."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for (m, n, k), width in [((300, 9000, 4000), 208), ((500, 14000, 3001), 224)]:
+        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        assert (cfg.tile_n, cfg.cluster_m, cfg.split_k) == (width, 1, 1), (m, n, k)
         a = torch.randn(m, k, device="cuda", dtype=t)
         b = torch.randn(n, k, device="cuda", dtype=t)
         for out_dtype in (t, torch.float32):

@@ -318,6 +318,24 @@ def test_split_sum_follows_the_hand_over_model_unless_asked_for_determinism():
         torch.use_deterministic_algorithms(before)
 
 
+@pytest.mark.parametrize("mnk,width", [
+    # 2026-12-01 (gemm_fitted_m256_512.json, then the fp16 grid): the narrowest width with as
+    # many waves as 128 x 256 won by 2-10% at M <= 512
+    ((256, 14336, 4096), 224), ((512, 14336, 4096), 224), ((256, 28672, 8192), 224),
+    ((512, 7680, 5120), 240),
+    ((512, 8192, 8192), 256),    # 128 x 256 fills its one wave already
+    ((2048, 14336, 4096), 256),  # M = 2048: such widths measured 0.97-0.99x, kept 256
+    ((8192, 8192, 8192), 256),
+])
+def test_automatic_width_fits_the_waves(mnk, width):
+    from cutetma import ops
+
+    m, n, k = mnk
+    assert ops.auto_tile_and_split(m, n, k) == ((128, width), 1)
+    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (128, width, 1, 1)
+
+
 @pytest.mark.parametrize("mnk,shared", [
     # gemm_m256_clusters.json (H200, 2026-12-01): 128 x 128 tiles in (2, 1) clusters against
     # the automatic choice, each case the measured faster
@@ -830,6 +848,15 @@ def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
     assert joined["meta"]["summary"]["geomean_tma_vs_cublas_M>=256"] == pytest.approx(
         (0.9 * 1.1) ** 0.5)
     assert (tmp_path / "joined.png").exists()
+    # a cell measured again in a later file replaces its row
+    again = {"meta": {"device": "NVIDIA H200", "date": "2026-12-01", "command": "gemm.py",
+                      "complete": True}, "rows": [row("float16", 512, 120.0)]}
+    (tmp_path / "again.json").write_text(json.dumps(again))
+    assert gemm.main(["--merge", str(tmp_path / "joined.json"), str(tmp_path / "again.json"),
+                      "--out", str(tmp_path), "--name", "rejoined"]) == 0
+    rejoined = json.loads((tmp_path / "rejoined.json").read_text())
+    assert [(r["dtype"], r["tma"]) for r in rejoined["rows"]] == [("float16", 120.0),
+                                                                  ("bfloat16", 110.0)]
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None or kernels.find_nvdisasm() is None,

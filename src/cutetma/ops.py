@@ -309,10 +309,25 @@ def pingpong_pays(m: int, k: int) -> bool:
     return -(-k // 64) <= 8 and m >= 512
 
 
+# Up to this M, whole 128 x 256 tiles give way to the narrowest width (144 to 256, steps of
+# 16) that makes as many waves: on the H200 (2026-12-01, gemm_fitted_m256_512.json and the
+# fp16 grid run after it) 128 x 224 beat 128 x 256 by 3.5-10% at 256 x 14336 x 4096 (one
+# wave), 256 x 28672 x 8192 and 512 x 14336 x 4096 (two), and 128 x 240 by 2% at 512 x 7680;
+# at M = 2048 (three or four waves) such widths measured 0.97-0.99x 128 x 256, so larger M
+# keep it
+FIT_256_MAX_M = 512
+
+
 def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
-    """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``."""
+    """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``; for
+    M <= ``FIT_256_MAX_M`` an unsplit 128 x 256 becomes the narrowest width with as many
+    waves (``fit_width``)."""
     options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in AUTO_TILES]
-    return min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
+    tile, split = min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
+    if tile == (128, 256) and split == 1 and m <= FIT_256_MAX_M:
+        waves = -(-(-(-m // 128) * -(-n // 256)) // sm_count)
+        tile = (128, fit_width(m, n, waves, 128, sm_count, range(144, 257, 16)))
+    return tile, split
 
 
 # A k-tile of a 128 x 128 tile whose B tile is multicast to both CTAs of a (2, 1) cluster, in
