@@ -9,34 +9,29 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 15's calls (4 calls, 1,599 s, as these lines in ignored ``.gpu/run*.sh`` scripts)::
+
+    python benchmarks/gpu_session.py --only tests gemm_widths --tests-budget 150 \
+        --pytest tests/test_gemm_gpu.py::test_new_tile_widths        # 274 s: WIDTH_ABS
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "automatic or new_tile_widths"
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16     # 279 s
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16_cells --cells <4 cells>
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bf16    # 269 s
+    python benchmarks/gemm.py --merge gemm_fp16.json gemm_fp16_cells.json gemm_bf16.json
+    python benchmarks/gemm_ab.py --rounds 9 --dtype {float16,bfloat16} \
+        --name gemm_headline_ab_{dtype} --cells 8192x8192x8192 4096x4096x4096 \
+        --kernels ours ours:load=tma_multicast,cluster=2x1          # 18 s each
+
+Next: where a launch at M = 256 spends the ~10 us that K does not pay for (PERF_NOTES,
+session 15), through ``gemm_profile.py`` on one cell against cuBLAS's kernel.
+
 Session 14's call (``.gpu/run1.sh``; 1 call, 110 s; then no machine was lent)::
 
     python benchmarks/cublas_kernels.py                  # cuBLAS's kernel per cell, 12 s
     python benchmarks/gemm_ab.py --rounds 3 --name gemm_m256_wide_split --cells <12 cells at
         M = 256 / 512> --kernels ours ours:tile=128x256,split_k=2 ours:tile=128x192,split_k=2 \
         ours:tile=128x160,split_k=2 ours:load=tma_multicast,cluster=2x2,tile=128x128   # 42 s
-
-Next (written in session 14, not yet run): the new tile widths' GPU tests, then what they
-are worth, against cuBLAS in interleaved rounds; all of it is one command,
-``gpu_session.py --only tests gemm_widths --pytest tests/test_gemm_gpu.py::test_new_tile_widths``
-(``WIDTH_ABS`` holds the A/Bs below)::
-
-    python -m pytest -q -x -m gpu tests/test_gemm_gpu.py -k new_tile_widths
-    python benchmarks/gemm_ab.py --rounds 3 --name gemm_fitted_m256_512 \
-        --cells <the 32 M = 256 / 512 grid shapes with N > 1536> \
-        --kernels ours ours:fit=1 ours:fit=2 ours:fit=1,load=tma_multicast,cluster=1x2 \
-        ours:fit=1,load=tma_multicast,cluster=2x1 ours:fit=2,load=tma_multicast,cluster=1x2 \
-        ours:tile=64x128,load=tma_multicast,cluster=2x1   # cuBLAS's tile and cluster at
-                                                            # 256x4096x4096 (0.92x there)
-    python benchmarks/gemm_ab.py --rounds 3 --name gemm_fitted_m2048 \
-        --cells 2048x5120x5120 2048x5120x12288 2048x5120x16384 2048x4096x14336 \
-        --kernels ours ours:fit=3 ours:fit=4 ours:fit=3,load=tma_multicast,cluster=2x1
-    python benchmarks/gemm_ab.py --rounds 9 --name gemm_wide_tiles \
-        --cells 8192x8192x8192 4096x4096x4096 8192x14336x4096 512x10240x8192 \
-        --kernels ours ours:tile=128x320 ours:tile=128x320,load=tma_multicast,cluster=2x1 \
-        ours:tile=128x384,load=tma_multicast,cluster=2x1 ours:load=tma_multicast,cluster=2x1
-
-then fit ``ops.K_TILE_TIME`` for the widths that win and add them to ``ops.AUTO_TILES``.
+    and, written then and run in session 15, the widths' A/Bs (``WIDTH_ABS``).
 
 Session 13's calls (``.snapC/runN.sh`` carried with ``.gpu``; 7 calls, 1,693 s; NVIDIA's
 example copied from a CUTLASS checkout into ``.snapC/nvidia/``, never into the repository)::
@@ -276,7 +271,7 @@ def step_gemm_headline(args):
     return f"gemm headline rc={gemm_tune.main(['--out', str(OUT), '--headline-only'])}"
 
 
-# session 14's widths (steps of 16, and past 256), not yet measured when written: the
+# session 14's widths (steps of 16, and past 256), measured in session 15 (PERF_NOTES): the
 # one- and two-wave widths at M = 256 / 512 (cuBLAS's own tiles there) with and without a
 # cluster, at M = 2048 where three or four waves fit, and 128 x 320 / 384 (cuBLAS's tile at
 # 8192^3) at the headline shapes, each against cuBLAS and the default in alternating rounds

@@ -46,9 +46,11 @@ the H200: latency while both consumer warpgroups wait, not bandwidth. So cutting
 where a wave's tail is long: ``ops.grid_time`` models waves x (k-tiles per unit + hand-over)
 x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``ops.AUTO_TILES``: 128 x 256,
 192, 160, 128, and 64 x 128 for outputs of a few tiles) and slices it predicts fastest; at
-128 < M <= 512 it may instead put 128 x 128 tiles in (2, 1) clusters that multicast B, which
-cuts each SM's loads by a quarter where those tiles make about one wave
-(``ops.multicast_pays``; section 4 lists a few choices). A fitted tile needs no hand-over at all, so
+M <= 512 an unsplit 128 x 256 narrows to the width with as many waves (128 x 224 at
+256 x 14336), and at 128 < M <= 512 it may instead put 128 x 128 tiles, or the narrowest
+(64-112 wide) that fill one wave, as cuBLAS does, in (2, 1) clusters that multicast B, which
+cuts each SM's loads by a quarter (``ops.multicast_tile``; section 4 lists a few choices).
+A fitted tile needs no hand-over at all, so
 it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
 width fits (N = 512 or 1536).
 
@@ -179,7 +181,7 @@ def the_model() -> str:
     print(f"  chosen: {tile[0]}x{tile[1]}, split_k={split}")
     print("what cutetma.gemm(a, b) runs with no options (tile, slices, how they meet, cluster):")
     for shape in [(8192, 8192, 8192), SHAPE, (2048, 512, 5120), (256, 512, 5120),
-                  (16, 1536, 5120), (256, 8192, 8192)]:
+                  (16, 1536, 5120), (256, 8192, 8192), (256, 5120, 5120), (256, 14336, 4096)]:
         print(f"  {'x'.join(map(str, shape)):>16}: {describe(shape)}")
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)  # the atomic sum's bits depend on arrival order

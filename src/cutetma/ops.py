@@ -490,9 +490,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``"cp_async"``, the same kernel with its producer swapped. With ``"tma"`` and no
     ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles, or
     the narrowest (64 to 112 wide) that fill one wave, in (2, 1) clusters that multicast B,
-    where a model measured on the H200 says that is faster (``multicast_tile``); ``cluster=(1, 1)`` keeps one CTA per cluster. ``tile`` (tile_m, tile_n):
-    tile_m 64 or 128, tile_n a multiple of 16 from 64 to 384 (wider than 256: K whole and the
-    serial epilogue).
+    where a model measured on the H200 says that is faster (``multicast_tile``);
+    ``cluster=(1, 1)`` keeps one CTA per cluster. At M <= 512 an unsplit 128 x 256 tile
+    narrows to the width with as many waves (``auto_tile_and_split``). ``tile`` (tile_m,
+    tile_n): tile_m 64 or 128, tile_n a multiple of 16 from 64 to 384 (wider than 256: K
+    whole and the serial epilogue).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
