@@ -304,6 +304,22 @@ def test_new_tile_widths(variant):
             check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
 
 
+def _default_into_poisoned(m, n, k, dtype):
+    """``cutetma.gemm(a, b)`` with no options on fresh randn inputs, into NaN-filled outputs
+    of the input dtype and of fp32, each checked against the fp32 reference."""
+    import torch
+
+    from cutetma import ops
+
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(n, k, device="cuda", dtype=dtype)
+    for out_dtype in (dtype, torch.float32):
+        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                         dtype=out_dtype)[:, :n]
+        ops.gemm(a, b, out=out)
+        check(a, b, out)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_multicast_at_small_m(dtype):
     """Where ``cutetma.gemm`` puts tiles in (2, 1) clusters by itself (M = 129..512, about
@@ -319,13 +335,7 @@ def test_automatic_multicast_at_small_m(dtype):
                     (200, 5000, 5000), (256, 4096, 4096)]:
         cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
         assert (cfg.cluster_m, cfg.cluster_n) == (2, 1), (m, n, k)
-        a = torch.randn(m, k, device="cuda", dtype=t)
-        b = torch.randn(n, k, device="cuda", dtype=t)
-        for out_dtype in (t, torch.float32):
-            out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
-                             dtype=out_dtype)[:, :n]
-            ops.gemm(a, b, out=out)
-            check(a, b, out)
+        _default_into_poisoned(m, n, k, t)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -341,13 +351,7 @@ def test_automatic_fitted_widths(dtype):
     for (m, n, k), width in [((300, 9000, 4000), 208), ((500, 14000, 3001), 224)]:
         cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
         assert (cfg.tile_n, cfg.cluster_m, cfg.split_k) == (width, 1, 1), (m, n, k)
-        a = torch.randn(m, k, device="cuda", dtype=t)
-        b = torch.randn(n, k, device="cuda", dtype=t)
-        for out_dtype in (t, torch.float32):
-            out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
-                             dtype=out_dtype)[:, :n]
-            ops.gemm(a, b, out=out)
-            check(a, b, out)
+        _default_into_poisoned(m, n, k, t)
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
