@@ -295,8 +295,7 @@ def summarize(rows: list[dict]) -> dict:
     s = {}
     for size in (8192, 4096):  # 8192^3 is measured twice (the headline, the paper's M = 8192
         for dtype in sorted({r["dtype"] for r in rows}):  # cell): the geomean of both
-            same = [r for r in rows if (r["M"], r["N"], r["K"], r["dtype"]) ==
-                    (size, size, size, dtype)]
+            same = [r for r in rows if cell_key(r) == (size, size, size, dtype)]
             if not same:
                 continue
             s[f"tma_vs_cublas_{size}^3_{dtype}"] = gmean(ratio(r, "tma") for r in same)
@@ -306,12 +305,12 @@ def summarize(rows: list[dict]) -> dict:
                 ratio(r, "tma_default") for r in same)
     big = [r for r in rows if r["M"] >= 256 and r.get("tma")]
     if big:
-        s["geomean_tma_vs_cublas_M>=256"] = math.exp(statistics.mean(
-            math.log(max(r["tma"], r.get("tma_multicast") or 0) / r["cublas"]) for r in big))
+        s["geomean_tma_vs_cublas_M>=256"] = gmean(
+            max(r["tma"], r.get("tma_multicast") or 0) / r["cublas"] for r in big)
     default = [r for r in rows if r["M"] >= 256 and r.get("tma_default")]
     if default:
-        s["geomean_default_vs_cublas_M>=256"] = math.exp(statistics.mean(
-            math.log(r["tma_default"] / r["cublas"]) for r in default))
+        s["geomean_default_vs_cublas_M>=256"] = gmean(
+            r["tma_default"] / r["cublas"] for r in default)
     paper = [r for r in rows if (r["N"], r["K"]) in PAPER_NK and r.get("tma")
              and r.get("cp_async")]
     if paper:

@@ -272,11 +272,11 @@ WIDE_TILES = [
 
 @pytest.mark.parametrize("variant", FITTED_WIDTHS + WIDE_TILES, ids=_named)
 def test_new_tile_widths(variant):
-    """Tile widths first written on 2026-12-01, not yet run on a GPU then: odd multiples of
-    16 and tiles wider than one WGMMA. Random shapes that are not multiples of the tile,
-    into poisoned buffers: fp16 with fp16 and fp32 outputs and B given as (N, K) and as
-    (K, N) (an N-major B of 80 columns is 160 bytes a row: a 32-byte swizzle), bf16 with
-    its own output (four compiled kernels a variant)."""
+    """Tile widths written on 2026-12-01 (session 14, first run on the H200 in session 15):
+    odd multiples of 16 and tiles wider than one WGMMA. Random shapes that are not
+    multiples of the tile, into poisoned buffers: fp16 with fp16 and fp32 outputs and B
+    given as (N, K) and as (K, N) (an N-major B of 80 columns is 160 bytes a row: a 32-byte
+    swizzle), bf16 with its own output (four compiled kernels a variant)."""
     import torch
 
     from cutetma import ops

@@ -428,8 +428,8 @@ def test_automatic_split_k_stays_out_of_explicit_choices():
     (128, 256, 2), (128, 128, 2), (64, 256, 1), (64, 128, 1),  # validated on the H200
     (128, 128, 1), (128, 256, 1),  # one warpgroup, two 64-row WGMMA blocks (pingpong 128)
     (128, 160, 2), (128, 192, 2),  # the widths that fit a shape's tiles to the SMs
-    (128, 80, 2), (128, 176, 2),  # odd multiples of 16: 16-column sub-tiles (not yet run)
-    (128, 320, 2),  # two m64n160 WGMMAs per warpgroup and k-step (not yet run)
+    (128, 80, 2), (128, 176, 2),  # odd multiples of 16: 16-column sub-tiles
+    (128, 320, 2),  # two m64n160 WGMMAs per warpgroup and k-step
 ])
 def test_epilogue_takes_each_accumulator_value_to_its_place(c_dtype, tile_m, tile_n,
                                                             warpgroups):
@@ -572,7 +572,7 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=160, load="cp_async"), GemmConfig(store_under_mma=True),
     GemmConfig(tile_n=128, split_k=4, split_sum="atomic"),
     GemmConfig(store_under_mma=True, load="cp_async", tile_n=160),
-    # widths in steps of 16 (2026-12-01, not yet run on a GPU): the narrowest, one that
+    # widths in steps of 16 (2026-12-01): the narrowest, one that
     # multicasts A, the widest of them (the most held registers under store_under_mma)
     GemmConfig(tile_n=80, store_under_mma=True), GemmConfig(tile_n=80, load="cp_async"),
     GemmConfig(tile_n=112, cluster_n=2, store_under_mma=True),
@@ -740,7 +740,7 @@ def test_ab_benchmark_cells_and_summary():
         gemm_ab.resolve({"fit": 1}, 8192, 8192, 8192)
 
 
-def test_next_sessions_width_ab_specs_resolve():
+def test_width_ab_specs_resolve():
     """``gpu_session.py``'s ``gemm_widths`` step: every spec parses, and every ``fit=W`` spec
     gives each of its cells a tile or refuses it with the reason (reported, not fatal)."""
     import sys

@@ -193,6 +193,11 @@ def split_k_for(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
     return wave_split(m, n, k, tile, sm_count, most=8, min_k_tiles=8)
 
 
+def wave_count(m: int, n: int, tile=(128, 256), sm_count: int = 132, slices: int = 1) -> int:
+    """The waves of the SMs that the output's tiles (each cut into ``slices`` units) make."""
+    return -(-(-(-m // tile[0]) * -(-n // tile[1]) * slices) // sm_count)
+
+
 def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> float:
     """The share of the SMs' time the output tiles fill when each SM takes whole tiles in
     waves: ``tiles / (waves * sm_count)``. What cutting K (split-K, stream-K) can recover
@@ -259,11 +264,10 @@ def grid_time(m: int, n: int, k: int, tile=(128, 256), slices: int = 1,
     """A time model of the persistent grid, in k-tile times of a 128 x 256 tile: waves of
     work units times (k-tiles per unit + the unit's ``hand_over`` when K is split;
     ``split_sum`` None: the faster sum, ``split_sum_for``)."""
-    tiles = -(-m // tile[0]) * -(-n // tile[1])
     k_tiles = -(-k // 64)
-    waves = -(-tiles * slices // sm_count)
     cost = hand_over(slices, split_sum or split_sum_for(slices, tile))
-    return waves * (-(-k_tiles // slices) + cost) * k_tile_time(tile)
+    return (wave_count(m, n, tile, sm_count, slices) * (-(-k_tiles // slices) + cost)
+            * k_tile_time(tile))
 
 
 def split_for_waves(m: int, n: int, k: int, tile=(128, 256), sm_count: int = 132,
@@ -325,8 +329,8 @@ def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
     options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in AUTO_TILES]
     tile, split = min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
     if tile == (128, 256) and split == 1 and m <= FIT_256_MAX_M:
-        waves = -(-(-(-m // 128) * -(-n // 256)) // sm_count)
-        tile = (128, fit_width(m, n, waves, 128, sm_count, range(144, 257, 16)))
+        tile = (128, fit_width(m, n, wave_count(m, n, tile, sm_count), 128, sm_count,
+                               range(144, 257, 16)))
     return tile, split
 
 
@@ -354,7 +358,7 @@ NARROW_MARGIN = 0.95
 def multicast_k_tile_time(width: int) -> float:
     """A k-tile of a (128, ``width``) tile multicast in (2, 1) clusters, in ``grid_time``'s
     units (``MULTICAST_128_K_TILE_TIME`` and the notes above it)."""
-    return k_tile_time((128, width)) * MULTICAST_128_K_TILE_TIME / K_TILE_TIME[(128, 128)]
+    return MULTICAST_128_K_TILE_TIME * (k_tile_time((128, width)) / K_TILE_TIME[(128, 128)])
 
 
 def multicast_tile(m: int, n: int, k: int, sm_count: int = 132, choice=None):
@@ -371,12 +375,15 @@ def multicast_tile(m: int, n: int, k: int, sm_count: int = 132, choice=None):
     k_tiles = -(-k // 64)
     tile, split = choice or auto_tile_and_split(m, n, k, sm_count)
     best, best_time = None, grid_time(m, n, k, tile, split, sm_count)
-    waves_128 = -(-tiles_m * -(-n // 128) // sm_count)
-    if waves_128 * k_tiles * MULTICAST_128_K_TILE_TIME < best_time:
-        best, best_time = (128, 128), waves_128 * k_tiles * MULTICAST_128_K_TILE_TIME
+
+    def shared_time(width):  # waves x k-tiles x the multicast k-tile time
+        return wave_count(m, n, (128, width), sm_count) * k_tiles * multicast_k_tile_time(width)
+
+    if shared_time(128) < best_time:
+        best, best_time = (128, 128), shared_time(128)
     width = fit_width(m, n, 1, 128, sm_count, NARROW_MULTICAST_WIDTHS)
     if width and tiles_m * -(-n // width) >= NARROW_MIN_FILL * sm_count:
-        if k_tiles * multicast_k_tile_time(width) < NARROW_MARGIN * best_time:
+        if shared_time(width) < NARROW_MARGIN * best_time:
             best = (128, width)
     return best
 
