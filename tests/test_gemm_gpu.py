@@ -402,3 +402,44 @@ def test_graph_survives_workspace_growth():
         ops.gemm(big_a, big_b, split_k=4)
     torch.cuda.synchronize()
     replay_and_check(graph, a, b, out, 2)
+
+
+# written 2026-12-02 (session 16): two epilogue buffers where they free a mainloop stage (the
+# default for 96 / 192-wide tiles and most fp32 outputs), one buffer, pingpong's one buffer
+# each, alone, multicast, split and persistent (many tiles a CTA)
+EPILOGUE_BUFFERS = [
+    dict(tile=(128, 96), cluster=(2, 1)), dict(tile=(128, 192)), dict(tile=(128, 192),
+                                                                      cluster=(1, 2)),
+    dict(tile=(128, 160), epi_stages=1), dict(tile=(128, 128), split_k=3, epi_stages=2),
+    dict(tile=(128, 128), schedule="pingpong", epi_stages=2),
+]
+
+
+@pytest.mark.parametrize("variant", EPILOGUE_BUFFERS, ids=_named)
+def test_epilogue_buffers(variant):
+    """Each configuration (``epi_stages``, a ``GemmConfig`` field, beside the tile) on
+    random shapes that are not multiples of the tile plus one with many
+    tiles a CTA, fp16 into poisoned fp16 and fp32 outputs (the fp32 epilogue takes two
+    buffers by itself at most widths), bf16 into bf16."""
+    import dataclasses
+
+    import torch
+
+    from cutetma import ops
+
+    fields = {key: variant[key] for key in ("epi_stages",) if key in variant}
+    cluster = variant.get("cluster", (1, 1))
+    for dtype in (torch.float16, torch.bfloat16):
+        outs = (dtype, torch.float32) if dtype == torch.float16 else (dtype,)
+        for m, n, k in _shapes(sum(map(ord, str(variant))), 5) + [(4097, 3000, 1000)]:
+            cfg = ops._gemm_config(m, n, "tma_multicast" if cluster != (1, 1) else "tma",
+                                   cluster, variant["tile"], 132, variant.get("schedule"),
+                                   variant.get("split_k", 1), k)
+            cfg = dataclasses.replace(cfg, **fields)
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(n, k, device="cuda", dtype=dtype)
+            for out_dtype in outs:
+                out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                                 dtype=out_dtype)[:, :n]
+                ops.gemm(a, b, out=out, config=cfg)
+                check(a, b, out)

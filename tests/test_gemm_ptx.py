@@ -176,6 +176,25 @@ def test_default_stages_fill_shared_memory():
     assert GemmConfig(tile_n=128).num_stages() == 6
 
 
+def test_epilogue_gives_up_two_buffers_only_for_a_stage():
+    """Two epilogue buffers instead of four only where the freed shared memory holds one
+    more mainloop stage of a pipeline under 8 deep (128 x 96: 6 -> 7, 128 x 192: 4 -> 5,
+    fp32 C at 128 x 256: 3 -> 4; not 64 x 128's 8 -> 9); pingpong and an explicit
+    ``epi_stages`` keep theirs; explicit ``stages`` that need the room get it."""
+    assert (GemmConfig(tile_n=96).epi_buffers(), GemmConfig(tile_n=96).num_stages()) == (2, 7)
+    assert (GemmConfig(tile_n=192).epi_buffers(), GemmConfig(tile_n=192).num_stages()) == (2, 5)
+    for width in (128, 160, 256):
+        assert GemmConfig(tile_n=width).epi_buffers() == 4
+    assert (GemmConfig().epi_buffers(4), GemmConfig().num_stages(4)) == (2, 4)
+    assert GemmConfig(tile_n=96, epi_stages=4).num_stages() == 6
+    assert GemmConfig(tile_n=128, schedule="pingpong").epi_buffers() == 4
+    assert GemmConfig(tile_m=64, tile_n=128).epi_buffers() == 4
+    assert GemmConfig(tile_n=96, stages=7).epi_buffers() == 2
+    assert GemmConfig(tile_n=96, stages=6).epi_buffers() == 4
+    with pytest.raises(ValueError, match="even"):
+        GemmConfig(tile_n=128, schedule="pingpong", epi_stages=1)
+
+
 def test_raster_band_never_pads_the_grid():
     from cutetma.ops import raster_band
 
@@ -579,6 +598,8 @@ def test_split_workspace_is_refused_before_it_would_fill_the_device():
     GemmConfig(tile_n=240, store_under_mma=True),
     # past 256 columns: two WGMMAs per warpgroup and k-step (cuBLAS's 128 x 320 at 8192^3)
     GemmConfig(tile_n=320), GemmConfig(tile_n=320, cluster_m=2), GemmConfig(tile_n=384),
+    # two epilogue buffers for a seventh stage (2026-12-02)
+    GemmConfig(tile_n=96, cluster_m=2, store_under_mma=True),
 ], ids=lambda c: f"{c.load}-{c.tile_m}x{c.tile_n}-{c.schedule}-split{c.split_k}-sk{c.stream_k}"
                  f"{'-sum' if c.store_under_mma else ''}"
                  f"{'-atomic' if c.split_sum == 'atomic' else ''}")

@@ -89,6 +89,9 @@ class GemmConfig:
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
     # epilogue sub-tile width; None: 32, or 16 where the tile's width is an odd multiple of 16
     epi_n: int | None = None
+    # shared-memory buffers of epilogue sub-tiles (pingpong: half for each warpgroup); None:
+    # 4, or 2 where that leaves room for one more mainloop stage (``epi_buffers``)
+    epi_stages: int | None = None
     # "cooperative": both consumer warpgroups share each tile (64 rows each);
     # "pingpong": each owns whole tiles (64 or 128 rows, at most 128x128 or 64x256 for its
     # registers), alternately, so one's epilogue hides under
@@ -144,6 +147,10 @@ class GemmConfig:
             object.__setattr__(self, "epi_n", 32 if self.tile_n % 32 == 0 else 16)
         if self.tile_n % self.epi_n:
             raise ValueError(f"epi_n={self.epi_n} must divide tile_n={self.tile_n}")
+        if self.epi_stages is not None and (
+                self.epi_stages < 1 or (self.schedule == "pingpong" and self.epi_stages % 2)):
+            raise ValueError(f"epi_stages={self.epi_stages}: at least 1 (pingpong: an even "
+                             "count, half for each warpgroup)")
         if self.tile_k != 64:
             raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
@@ -206,12 +213,34 @@ class GemmConfig:
     def stage_bytes(self, elem_bytes: int = 2) -> int:
         return (self.tile_m + self.tile_n) * self.tile_k * elem_bytes
 
-    def epi_bytes(self, out_bytes: int) -> int:
-        return self.tile_m * self.epi_n * out_bytes * EPI_STAGES
+    def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
+        return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))
+
+    def _stages_fit(self, out_bytes: int, buffers: int) -> int:
+        return (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes, buffers)) // self.stage_bytes()
+
+    def epi_buffers(self, out_bytes: int = 2) -> int:
+        """Epilogue sub-tile buffers: ``epi_stages`` if given; else 4, or 2 where the
+        buffers freed make room for one more mainloop stage in a pipeline under
+        ``DEEP_ENOUGH`` stages (cooperative 128 x 96 and 128 x 192 with 16-bit C: 6 -> 7
+        and 4 -> 5; most widths with fp32 C). Where the operands stream from DRAM (M = 256
+        / 512) a stage is worth more than two buffers. H200, kernel times over K sweeps
+        (gemm_kernel_times_stages.json / _prefetch.json, 2026-12-02): 128 x 96 went from
+        0.33 to 0.29-0.30 us a k-tile at 256 x 6144 (cuBLAS's 96-wide kernel in 7 stages:
+        0.29), 128 x 192 was 4-8% faster at 256 x 12288 and 512 x 6144; 64 x 128 in 8 -> 9
+        stages (2048 x 512) and 128 x 160 with no stage to gain lost 1-2%."""
+        if self.epi_stages is not None:
+            return self.epi_stages
+        fits_4 = self._stages_fit(out_bytes, 4)
+        if self.pingpong or fits_4 >= DEEP_ENOUGH:
+            return 4
+        if self.stages is not None:
+            return 4 if self.stages <= fits_4 else 2
+        return 2 if self._stages_fit(out_bytes, 2) > fits_4 else 4
 
     def num_stages(self, out_bytes: int = 2) -> int:
         """Pipeline depth: ``stages`` if given, else as many as shared memory holds."""
-        fit = (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes)) // self.stage_bytes()
+        fit = self._stages_fit(out_bytes, self.epi_buffers(out_bytes))
         stages = self.stages or fit
         if stages < 2:
             raise ValueError(f"{stages} stage(s): the consumer keeps one WGMMA group in flight "
@@ -222,7 +251,7 @@ class GemmConfig:
         return stages
 
 
-EPI_STAGES = 4
+DEEP_ENOUGH = 8  # stages past which one more did not pay for halving the epilogue's buffers
 # setmaxnreg budgets (per thread): the TMA producer needs almost nothing; a cp.async producer
 # computes 16-byte addresses and predicates for every vector, so it keeps more.
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
@@ -340,7 +369,8 @@ class HopperGemm:
         sA_layout = sm90.make_smem_layout_a(a_major, tile_mnk, ab_dtype, stages)
         sB_layout = sm90.make_smem_layout_b(b_major, tile_mnk, ab_dtype, stages)
         epi_tile = (cfg.tile_m, cfg.epi_n)
-        sC_layout = sm90.make_smem_layout_epi(c_dtype, c_major, epi_tile, EPI_STAGES)
+        sC_layout = sm90.make_smem_layout_epi(c_dtype, c_major, epi_tile,
+                                               cfg.epi_buffers(c_dtype.width // 8))
 
         # TMA atoms: A is shared along N by cluster_n CTAs, B along M by cluster_m CTAs.
         tma_a, mA_tma = tma.load_atom(mA, cute.slice_(sA_layout, (None, None, 0)),
@@ -548,14 +578,14 @@ class HopperGemm:
             thr_mma = tiled_mma.get_slice(0)
             mma_tid = ctid % WARPGROUP
             epi_threads = WARPGROUP
-            epi_bufs = EPI_STAGES // 2
+            epi_bufs = cfg.epi_buffers(sC.element_type.width // 8) // 2
             epi_sync = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=WARPGROUP)
         else:
             thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups,
                                                            stride=WARPGROUP)(wg))
             mma_tid = ctid
             epi_threads = cfg.consumer_groups * WARPGROUP
-            epi_bufs = EPI_STAGES
+            epi_bufs = cfg.epi_buffers(sC.element_type.width // 8)
             epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=epi_threads)
         my_turn = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * WARPGROUP)
         their_turn = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * WARPGROUP)

@@ -1,0 +1,197 @@
+"""GEMM kernels' own GPU time (CUPTI, through the torch profiler), L2 flushed before every
+launch, over a sweep of K: each contender's fixed cost per launch and its cost per k-tile.
+
+    source .gpu/prelude.sh && python benchmarks/gemm_kernel_times.py \
+        --shapes 256x6144 256x5120 --ks 1024 2048 4096 8192 \
+        --kernels ours ours:tile=128x96,load=tma_multicast,cluster=1x2 [--dtype float16]
+
+Why: ``gemm.py`` and ``gemm_ab.py`` time CUDA-graph replays between events, which adds the
+graph's launch to every contender alike (a few microseconds) and so pulls short kernels'
+ratios towards 1; and one K per cell cannot tell a slow start (prologue, the first loads
+from DRAM, the last tile's epilogue) from a slow mainloop. Here each launch's kernels are
+timed by the GPU itself, and a line ``time = fixed + per_k_tile * ceil(K / 64)`` is fitted
+per (M, N, contender) over the K sweep (least squares). ``--kernels``: as ``gemm_ab.py``
+(``ours``, ``ours:key=value,...`` with ``cutetma.gemm``'s keywords, ``fit=W``,
+``split_k=wave``), plus ``GemmConfig`` fields the library otherwise chooses itself:
+``stages=S``, ``epi_n=E``, ``epi_stages=B``. cuBLAS always runs. Writes ``<name>.json``:
+rows (M, N, K, dtype, each contender's median kernel microseconds and TFLOP/s, the kernels'
+names, and ``<key>_graph_us``: the same call timed as ``gemm.py`` times it, CUDA-graph
+replays between events, so the difference is what a launch adds) and ``fits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import bench, progress  # noqa: E402
+from gemm_ab import resolve  # noqa: E402
+from gemm_sustained import parse_kernel  # noqa: E402
+
+CONFIG_FIELDS = ("stages", "epi_n", "epi_stages")  # GemmConfig fields, not gemm keywords
+FLUSH_BYTES = 256 << 20  # larger than the H200's L2 (50 MB), as triton.testing.do_bench
+
+
+def contender(kwargs: dict | None, a, b):
+    """cuBLAS (None) or ``cutetma.gemm`` with ``kwargs``; ``stages`` / ``epi_n`` replace
+    those fields of the configuration the library would choose for the same keywords."""
+    import torch  # noqa: F401
+
+    from cutetma import ops
+
+    if kwargs is None:
+        return lambda: a @ b.T
+    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
+    kwargs = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
+    if not fields:
+        return lambda: ops.gemm(a, b, **kwargs)
+    (m, k), n = a.shape, b.shape[0]
+    cfg = ops._gemm_config(
+        m, n, kwargs.get("load", "tma"), kwargs.get("cluster"), kwargs.get("tile"),
+        ops._sm_count(a.device.index), kwargs.get("schedule"), kwargs.get("split_k"), k,
+        kwargs.get("stream_k", False), kwargs.get("store_under_mma"), kwargs.get("split_sum"))
+    cfg = dataclasses.replace(cfg, **fields)
+    return lambda: ops.gemm(a, b, config=cfg)
+
+
+def kernel_times(fns: dict, reps: int) -> tuple[dict, dict]:
+    """Per contender: the GPU microseconds of each of ``reps`` launches (the sum of the
+    kernels one call launches), every launch after an L2 flush, the contenders in turn
+    (order reversed every other repetition); and the names of the kernels each launches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    names = {}
+    for key, fn in fns.items():  # which kernels one call launches (compiled already)
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names[key] = [e.name for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA]
+    order = list(fns.items())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            for key, fn in order if i % 2 == 0 else order[::-1]:
+                flush.fill_(7)  # a fill kernel: zero_ may be a memset, as cuBLAS launches
+                torch.cuda.nvtx.range_push(key)
+                fn()
+                torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+    # kernels in launch order; the flush's fill kernels are neither contender's
+    events = sorted((e for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    stream = iter(events)
+    times: dict = {key: [] for key in fns}
+    for i in range(reps):
+        for key, _ in order if i % 2 == 0 else order[::-1]:
+            want, total = list(names[key]), 0.0
+            for event in stream:
+                if want and event.name == want[0]:
+                    total += event.device_time
+                    want.pop(0)
+                    if not want:
+                        break
+            times[key].append(total)
+    return times, names
+
+
+def fit_line(points) -> dict:
+    """Least squares ``us = fixed + per_k_tile * k_tiles`` over (k_tiles, us) points."""
+    xs, ys = zip(*points, strict=True)
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return {"fixed_us": round(my - slope * mx, 2), "per_k_tile_us": round(slope, 4),
+            "points": len(xs)}
+
+
+def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int) -> dict:
+    import torch
+
+    t = getattr(torch, dtype)
+    a = torch.randn(m, k, device="cuda", dtype=t)
+    b = torch.randn(n, k, device="cuda", dtype=t)
+    ref = (a @ b.T).float()
+    row = {"M": m, "N": n, "K": k, "dtype": dtype}
+    fns = {"cublas": contender(None, a, b)}
+    for spec, kwargs in specs.items():
+        try:
+            kwargs = resolve(kwargs, m, n, k)
+            fn = contender(kwargs, a, b)
+            out = fn()
+            rel = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        except Exception as exc:  # report, keep going
+            row[f"{spec}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        if not rel < 2e-2:  # a wrong result is never timed
+            row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
+            continue
+        fns[spec] = fn
+    times, names = kernel_times(fns, reps)
+    flops = 2 * m * n * k
+    for key, us in times.items():
+        median = statistics.median(us)
+        row[f"{key}_us"] = round(median, 2)
+        row[key] = round(flops / median / 1e6, 1)  # TFLOP/s on the kernel's own time
+        row[f"{key}_kernels"] = sorted(set(names[key]))
+    for key, fn in fns.items():  # as gemm.py times it: graph replays, launch included
+        row[f"{key}_graph_us"] = round(bench(fn) * 1e3, 2)
+    return row
+
+
+def fits(rows: list[dict], keys) -> list[dict]:
+    out = []
+    for m, n, dtype in sorted({(r["M"], r["N"], r["dtype"]) for r in rows}):
+        same = [r for r in rows if (r["M"], r["N"], r["dtype"]) == (m, n, dtype)]
+        for key in keys:
+            points = [(-(-r["K"] // 64), r[f"{key}_us"]) for r in same if f"{key}_us" in r]
+            if len(points) >= 2:
+                out.append({"M": m, "N": n, "dtype": dtype, "kernel": key, **fit_line(points)})
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", required=True, metavar="MxN")
+    ap.add_argument("--ks", nargs="+", type=int, required=True, metavar="K")
+    ap.add_argument("--kernels", nargs="+", default=["ours"], metavar="SPEC")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--name", default="gemm_kernel_times")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    specs = {spec: parse_kernel(spec) for spec in args.kernels}
+    if any(kwargs is None for kwargs in specs.values()):
+        raise SystemExit("--kernels: cuBLAS is always timed; give ours / ours:... specs")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
+    todo = [(m, n, k) for m, n in shapes for k in args.ks]
+    from cutetma import results
+
+    rows = []
+    for m, n, k in progress(todo, len(todo)):
+        rows.append(measure(m, n, k, args.dtype, specs, args.reps))
+        results.write(args.name, rows, Path(args.out), extra_meta={"complete": False})
+    line_fits = fits(rows, ["cublas", *specs])
+    path = results.write(args.name, rows, Path(args.out),
+                         extra_meta={"complete": True, "fits": line_fits})
+    print(f"wrote {path}")
+    for f in line_fits:
+        print(f"  {f['M']}x{f['N']} {f['kernel']}: {f['fixed_us']} us + "
+              f"{f['per_k_tile_us']} us a k-tile")
+    for r in rows:
+        cells = " ".join(f"{key}={r[key + '_us']}us" for key in ["cublas", *specs]
+                         if f"{key}_us" in r)
+        print(f"  {r['M']}x{r['N']}x{r['K']}: {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
