@@ -9,14 +9,18 @@ Why: ``gemm.py`` and ``gemm_ab.py`` time CUDA-graph replays between events, whic
 graph's launch to every contender alike (a few microseconds) and so pulls short kernels'
 ratios towards 1; and one K per cell cannot tell a slow start (prologue, the first loads
 from DRAM, the last tile's epilogue) from a slow mainloop. Here each launch's kernels are
-timed by the GPU itself, and a line ``time = fixed + per_k_tile * ceil(K / 64)`` is fitted
+timed by the GPU itself (each launch a replay of the call's CUDA graph, ``--launch graph``,
+so no contender's host cost idles the GPU before it: the session's first four files of
+2026-12-02 called eagerly, which started ours 100-300 us after the flush and cuBLAS at once),
+and a line ``time = fixed + per_k_tile * ceil(K / 64)`` is fitted
 per (M, N, contender) over the K sweep (least squares). ``--kernels``: as ``gemm_ab.py``
 (``ours``, ``ours:key=value,...`` with ``cutetma.gemm``'s keywords, ``fit=W``,
 ``split_k=wave``), plus ``GemmConfig`` fields the library otherwise chooses itself:
 ``stages=S``, ``epi_n=E``, ``epi_stages=B``. cuBLAS always runs. Writes ``<name>.json``:
 rows (M, N, K, dtype, each contender's median kernel microseconds and TFLOP/s, the kernels'
 names, and ``<key>_graph_us``: the same call timed as ``gemm.py`` times it, CUDA-graph
-replays between events, so the difference is what a launch adds) and ``fits``.
+replays between events (``--graph-rounds`` alternating rounds), so the difference is what a
+launch adds; with ``--eager`` ``<key>_eager_us``, plain calls back to back) and ``fits``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import bench, progress  # noqa: E402
+from gemm import alternating_rounds, progress  # noqa: E402
 from gemm_ab import resolve  # noqa: E402
 from gemm_sustained import parse_kernel  # noqa: E402
 
@@ -58,10 +62,30 @@ def contender(kwargs: dict | None, a, b):
     return lambda: ops.gemm(a, b, config=cfg)
 
 
-def kernel_times(fns: dict, reps: int) -> tuple[dict, dict]:
+def as_graph(fn):
+    """``fn`` captured once in a CUDA graph (as ``gemm.bench`` does): its replay costs the
+    host a few microseconds whatever ``fn`` costs in Python."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def kernel_times(fns: dict, reps: int, launch: str = "graph") -> tuple[dict, dict]:
     """Per contender: the GPU microseconds of each of ``reps`` launches (the sum of the
     kernels one call launches), every launch after an L2 flush, the contenders in turn
-    (order reversed every other repetition); and the names of the kernels each launches."""
+    (order reversed every other repetition); and the names of the kernels each launches.
+    ``launch="graph"`` replays each call from a CUDA graph, so every contender follows the
+    flush as closely (called eagerly, ours started 100-300 us after it, on a GPU that had
+    idled that long, while cuBLAS followed at once: on a power-capped card that favours
+    ours); ``"eager"`` calls them."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -76,6 +100,8 @@ def kernel_times(fns: dict, reps: int) -> tuple[dict, dict]:
         names[key] = [e.name for e in prof.events()
                       if e.device_type == torch.autograd.DeviceType.CUDA]
     order = list(fns.items())
+    if launch == "graph":
+        order = [(key, as_graph(fn)) for key, fn in order]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(reps):
             for key, fn in order if i % 2 == 0 else order[::-1]:
@@ -100,6 +126,10 @@ def kernel_times(fns: dict, reps: int) -> tuple[dict, dict]:
                     if not want:
                         break
             times[key].append(total)
+    missing = [key for key, us in times.items() if not all(us)]
+    if missing:
+        raise RuntimeError(f"no kernel time found for {missing} (the profiler did not report "
+                           "the kernels one call launches)")
     return times, names
 
 
@@ -113,7 +143,27 @@ def fit_line(points) -> dict:
             "points": len(xs)}
 
 
-def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int) -> dict:
+def back_to_back(fns: dict, launches: int = 20) -> dict:
+    """Microseconds a launch when ``launches`` plain calls run back to back between two CUDA
+    events (no flush, no graph: each launch queued behind the last, as in a model's
+    forward), the contenders in turn."""
+    import torch
+
+    out = {}
+    for key, fn in fns.items():
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            fn()
+        end.record()
+        end.synchronize()
+        out[key] = start.elapsed_time(end) * 1e3 / launches
+    return out
+
+
+def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int,
+            graph_rounds: int = 1, eager: bool = False, launch: str = "graph") -> dict:
     import torch
 
     t = getattr(torch, dtype)
@@ -135,15 +185,20 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int) -> dict:
             row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
             continue
         fns[spec] = fn
-    times, names = kernel_times(fns, reps)
+    times, names = kernel_times(fns, reps, launch)
     flops = 2 * m * n * k
     for key, us in times.items():
         median = statistics.median(us)
         row[f"{key}_us"] = round(median, 2)
         row[key] = round(flops / median / 1e6, 1)  # TFLOP/s on the kernel's own time
         row[f"{key}_kernels"] = sorted(set(names[key]))
-    for key, fn in fns.items():  # as gemm.py times it: graph replays, launch included
-        row[f"{key}_graph_us"] = round(bench(fn) * 1e3, 2)
+    # as gemm.py times it: graph replays between events (L2 flushed), launch included
+    graph = alternating_rounds(fns, graph_rounds)
+    for key, ms in graph.items():
+        row[f"{key}_graph_us"] = round(statistics.median(ms) * 1e3, 2)
+    if eager:
+        for key, us in back_to_back(fns).items():
+            row[f"{key}_eager_us"] = round(us, 2)
     return row
 
 
@@ -165,6 +220,12 @@ def main(argv=None):
     ap.add_argument("--kernels", nargs="+", default=["ours"], metavar="SPEC")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--graph-rounds", type=int, default=1,
+                    help="alternating rounds of the graph-replay timing (gemm.py's)")
+    ap.add_argument("--launch", choices=["graph", "eager"], default="graph",
+                    help="how the profiled launches are made (graph: no host gap)")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time 20 plain calls back to back (no flush, no graph)")
     ap.add_argument("--name", default="gemm_kernel_times")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -177,7 +238,8 @@ def main(argv=None):
 
     rows = []
     for m, n, k in progress(todo, len(todo)):
-        rows.append(measure(m, n, k, args.dtype, specs, args.reps))
+        rows.append(measure(m, n, k, args.dtype, specs, args.reps, args.graph_rounds,
+                            args.eager, args.launch))
         results.write(args.name, rows, Path(args.out), extra_meta={"complete": False})
     line_fits = fits(rows, ["cublas", *specs])
     path = results.write(args.name, rows, Path(args.out),

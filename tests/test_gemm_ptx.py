@@ -904,3 +904,29 @@ def test_held_tile_is_stored_under_the_next_tiles_wgmmas_in_the_sass(tile_n):
     assert all(f" {acc}" not in held[i] for i in stsm), (acc, [held[i] for i in stsm])
     serial = loop(GemmConfig(tile_n=tile_n))
     assert not any(op.startswith(("STSM", "UTMASTG")) for op in serial), serial
+
+
+def test_gemm_remembers_its_configuration_per_shape():
+    """``cutetma.gemm`` computes its automatic choice once per shape and options (the models
+    cost tens of microseconds of Python a call): the same object comes back, torch's
+    deterministic mode is part of the key (it picks the split sum), bad options still fail
+    with the check that names them, every time."""
+    import torch
+
+    from cutetma import ops
+
+    args = (64, 4096, 14336, "tma", None, None, 132, None, None, False, None, None)
+    first = ops._config_for(*args)
+    assert ops._config_for(*args) is first and first.split_sum == "atomic"
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert ops._config_for(*args).split_sum == "ordered"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ops._config_for(*args) is first
+    for _ in range(2):
+        with pytest.raises(ValueError, match="tile_n"):
+            ops._config_for(256, 256, 256, "tma", None, (128, 100), 132, None, 1, False, None,
+                            None)
+        with pytest.raises((TypeError, ValueError)):
+            ops._config_for(256, 256, 256, "tma", None, 128, 132, None, 1, False, None, None)

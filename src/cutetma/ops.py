@@ -454,6 +454,37 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                       split_sum=split_sum)
 
 
+def _config_for(m, n, k, load, cluster, tile, sm_count, schedule, split_k, stream_k,
+                store_under_mma, split_sum):
+    """``gemm``'s configuration: ``_shape_config``, or where an option cannot key a cache
+    (a list inside ``tile``, say) ``_gemm_config`` itself, whose checks name the problem."""
+    mode = (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        key = (m, n, k, load, None if cluster is None else tuple(cluster),
+               None if tile is None else tuple(tile), sm_count, schedule, split_k, stream_k,
+               store_under_mma, split_sum, mode)
+        hash(key)
+    except TypeError:
+        return _gemm_config(m, n, load, cluster, tile, sm_count, schedule, split_k, k, stream_k,
+                            store_under_mma, split_sum)
+    return _shape_config(*key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_config(m, n, k, load, cluster, tile, sm_count, schedule, split_k, stream_k,
+                  store_under_mma, split_sum, deterministic):
+    """``_gemm_config`` remembered per shape and options: the models behind the automatic
+    choice cost 40-70 us of Python a call (256 x 6144 x 4096, 4096^3), more than some of
+    the kernels they choose for, and a model's layers call one GEMM shape over and over.
+    ``deterministic`` (torch's mode and its warn-only flag, which pick and police the split
+    sum) is part of the key; what ``_gemm_config`` refuses raises every time (exceptions
+    are not cached), a warning of torch's warn-only deterministic mode comes once a shape."""
+    del deterministic  # only a key: _gemm_config reads torch's mode itself
+    return _gemm_config(m, n, load, cluster, tile, sm_count, schedule, split_k, k, stream_k,
+                        store_under_mma, split_sum)
+
+
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
     """Clusters per rasterization band: the largest of 8, 4, 2, 1 that divides the clusters
     along N. The scheduler rounds that count up to a whole band, and every phantom tile it
@@ -560,8 +591,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
-    cfg = config or _gemm_config(m, n, load, cluster, tile, _sm_count(a.device.index),
-                                 schedule, split_k, k, stream_k, store_under_mma, split_sum)
+    cfg = config or _config_for(m, n, k, load, cluster, tile, _sm_count(a.device.index),
+                                schedule, split_k, stream_k, store_under_mma, split_sum)
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view

@@ -1,0 +1,117 @@
+"""What one eager ``cutetma.gemm`` call costs the host, beside cuBLAS's ``a @ b.T``.
+
+    source .gpu/prelude.sh && python benchmarks/gemm_host_cost.py [--cells MxNxK ...] \
+        [--kernels ours ours:tile=128x96,cluster=1x1 ...] [--calls 50]
+
+Why: the benchmarks time CUDA-graph replays, which leave the host out; a user calling
+``cutetma.gemm`` in a loop pays it. Per contender and cell: ``host_us``, the wall time of a
+call on the host while the GPU queue fills (no synchronization: if a call waited for the GPU
+this would read as the kernel's time); ``eager_us``, CUDA events around ``--calls`` calls
+back to back (the larger of host and GPU time a call, if nothing waits); ``kernel_us``, the
+same launches with the GPU's own timestamps (torch profiler); and for ours a cProfile of
+the calls (the Python functions that take the most, cumulative) and what the automatic
+configuration alone costs (``config_us``: ``ops._gemm_config``, which ``gemm`` remembers
+per shape). Writes ``<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_kernel_times import contender  # noqa: E402
+from gemm_sustained import parse_kernel  # noqa: E402
+
+CELLS = ["256x6144x4096", "4096x4096x4096"]
+
+
+def host_and_eager(fn, calls: int) -> tuple[float, float]:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end) * 1e3 / calls
+
+
+def kernel_us(fn, calls: int) -> float:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.device_time for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total / calls
+
+
+def python_profile(fn, calls: int, top: int = 15) -> list[str]:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    lines = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()]
+    return lines[-top - 1:]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", nargs="*", default=CELLS, metavar="MxNxK")
+    ap.add_argument("--kernels", nargs="+", default=["ours"], metavar="SPEC")
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--name", default="gemm_host_cost")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    import torch
+
+    from cutetma import ops, results
+
+    rows = []
+    for cell in args.cells:
+        m, n, k = (int(x) for x in cell.split("x"))
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        row = {"M": m, "N": n, "K": k, "dtype": "float16"}
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        row["config_us"] = round((time.perf_counter() - t0) / args.calls * 1e6, 1)
+        for spec in ["cublas", *args.kernels]:
+            fn = contender(parse_kernel(spec), a, b)
+            host, eager = host_and_eager(fn, args.calls)
+            row[spec] = {"host_us": round(host, 1), "eager_us": round(eager, 1),
+                         "kernel_us": round(kernel_us(fn, args.calls), 1)}
+            if spec != "cublas":
+                row[spec]["python_profile"] = python_profile(fn, args.calls)
+            print(f"{cell} {spec}: {row[spec]['host_us']} us host, {row[spec]['eager_us']} us "
+                  f"eager, {row[spec]['kernel_us']} us kernel", flush=True)
+        rows.append(row)
+    path = results.write(args.name, rows, Path(args.out), extra_meta={"complete": True})
+    print(f"wrote {path}")
+    for row in rows:
+        print(f"{row['M']}x{row['N']}x{row['K']}: config {row['config_us']} us")
+        for spec in args.kernels:
+            print("\n".join(row[spec].get("python_profile", [])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
