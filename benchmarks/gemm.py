@@ -146,10 +146,18 @@ def bench(fn) -> float:
     ``triton.testing.do_bench`` (which flushes L2 before every replay). The graph keeps
     host-side launch cost (Python, argument conversion) out of the kernel's time for every
     contender alike; ``eager_us`` in the results records what a plain call costs."""
-    import torch
     from triton.testing import do_bench
 
     fn()  # compile / warm up outside the capture
+    return do_bench(as_graph(fn), warmup=5, rep=25, return_mode="median")
+
+
+def as_graph(fn):
+    """``fn`` captured once in a CUDA graph (after a warm-up on a side stream, as torch asks);
+    returns the graph's replay, which costs the host a few microseconds whatever ``fn``
+    costs in Python."""
+    import torch
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -158,7 +166,7 @@ def bench(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
+    return graph.replay
 
 
 def alternating_rounds(fns: dict, rounds: int) -> dict:
@@ -388,9 +396,12 @@ def main(argv=None):
         for part in parts:
             again = {cell_key(r) for r in part["rows"]}
             rows = [r for r in rows if cell_key(r) not in again] + part["rows"]
-        extra = {"merged_from": [dict(file=Path(f).name, **{k: part["meta"].get(k) for k in
-                                                             ("date", "command", "complete")})
-                                 for f, part in zip(args.merge, parts, strict=True)],
+        sources = []  # a part that is itself a merge names its own parts
+        for f, part in zip(args.merge, parts, strict=True):
+            sources += part["meta"].get("merged_from") or [
+                dict(file=Path(f).name, **{k: part["meta"].get(k)
+                                           for k in ("date", "command", "complete")})]
+        extra = {"merged_from": sources,
                  # the machine the rows were measured on, not this one
                  **{k: parts[0]["meta"].get(k) for k in ("device", "clocks", "torch", "cuda",
                                                          "cutlass_dsl")}}

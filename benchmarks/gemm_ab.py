@@ -79,30 +79,40 @@ def resolve(kwargs: dict, m: int, n: int, k: int) -> dict:
     return out
 
 
+def checked_contenders(specs: dict, a, b, row: dict, make=contender) -> dict:
+    """cuBLAS and every spec's callable (``make(kwargs, a, b)``) whose output matched
+    cuBLAS's (relative max error < 2e-2): a spec that raises, refuses the cell (the
+    example's dtypes) or is wrong is reported in ``row``, never timed; a spec that follows
+    the cell's sizes records what it resolved to."""
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    ref = (a @ b.T).float()
+    fns = {"cublas": make(None, a, b)}
+    for spec, kwargs in specs.items():
+        try:
+            if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
+                kwargs = resolved
+                row[f"{spec}_resolved"] = {key: list(v) if isinstance(v, tuple) else v
+                                           for key, v in kwargs.items()}
+            ours = make(kwargs, a, b)
+            rel = ((ours().float() - ref).abs().max() / ref.abs().max()).item()
+        except Exception as exc:  # report, keep going
+            row[f"{spec}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        if not rel < 2e-2:
+            row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
+            continue
+        fns[spec] = ours
+    return fns
+
+
 def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dict:
     import torch
 
     t = getattr(torch, dtype)
     a = torch.randn(m, k, device="cuda", dtype=t)
     b = torch.randn(n, k, device="cuda", dtype=t)
-    ref = (a @ b.T).float()
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
-    fns = {"cublas": contender(None, a, b)}
-    for spec, kwargs in specs.items():
-        try:  # a contender that refuses the cell (the example's dtypes) is reported
-            if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
-                kwargs = resolved
-                row[f"{spec}_resolved"] = {key: list(v) if isinstance(v, tuple) else v
-                                           for key, v in kwargs.items()}
-            ours = contender(kwargs, a, b)
-            rel = ((ours().float() - ref).abs().max() / ref.abs().max()).item()
-        except Exception as exc:  # report, keep going
-            row[f"{spec}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            continue
-        if not rel < 2e-2:  # a wrong result is never timed
-            row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
-            continue
-        fns[spec] = ours
+    fns = checked_contenders(specs, a, b, row)
     times = alternating_rounds(fns, rounds)
     flops = 2 * m * n * k
     row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})

@@ -32,50 +32,43 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import alternating_rounds, progress  # noqa: E402
-from gemm_ab import resolve  # noqa: E402
+from gemm import alternating_rounds, as_graph, progress  # noqa: E402
+from gemm_ab import checked_contenders  # noqa: E402
 from gemm_sustained import parse_kernel  # noqa: E402
 
 CONFIG_FIELDS = ("stages", "epi_n", "epi_stages")  # GemmConfig fields, not gemm keywords
 FLUSH_BYTES = 256 << 20  # larger than the H200's L2 (50 MB), as triton.testing.do_bench
 
 
-def contender(kwargs: dict | None, a, b):
-    """cuBLAS (None) or ``cutetma.gemm`` with ``kwargs``; ``stages`` / ``epi_n`` replace
-    those fields of the configuration the library would choose for the same keywords."""
-    import torch  # noqa: F401
+def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
+    """The ``GemmConfig`` a spec with ``CONFIG_FIELDS`` names: what the library would choose
+    for the spec's ``cutetma.gemm`` keywords on this shape, those fields replaced; None
+    when the spec has none of them (``cutetma.gemm`` then takes the keywords itself)."""
+    from cutetma import ops
 
+    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
+    if not fields:
+        return None
+    kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
+    cfg = ops._gemm_config(
+        m, n, kw.get("load", "tma"), kw.get("cluster"), kw.get("tile"), sm_count,
+        kw.get("schedule"), kw.get("split_k"), k, kw.get("stream_k", False),
+        kw.get("store_under_mma"), kw.get("split_sum"))
+    return dataclasses.replace(cfg, **fields)
+
+
+def contender(kwargs: dict | None, a, b):
+    """cuBLAS (None) or ``cutetma.gemm`` with ``kwargs`` (``spec_config`` where the spec
+    sets ``GemmConfig`` fields)."""
     from cutetma import ops
 
     if kwargs is None:
         return lambda: a @ b.T
-    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
-    kwargs = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
-    if not fields:
-        return lambda: ops.gemm(a, b, **kwargs)
     (m, k), n = a.shape, b.shape[0]
-    cfg = ops._gemm_config(
-        m, n, kwargs.get("load", "tma"), kwargs.get("cluster"), kwargs.get("tile"),
-        ops._sm_count(a.device.index), kwargs.get("schedule"), kwargs.get("split_k"), k,
-        kwargs.get("stream_k", False), kwargs.get("store_under_mma"), kwargs.get("split_sum"))
-    cfg = dataclasses.replace(cfg, **fields)
+    cfg = spec_config(kwargs, m, n, k, ops._sm_count(a.device.index))
+    if cfg is None:
+        return lambda: ops.gemm(a, b, **kwargs)
     return lambda: ops.gemm(a, b, config=cfg)
-
-
-def as_graph(fn):
-    """``fn`` captured once in a CUDA graph (as ``gemm.bench`` does): its replay costs the
-    host a few microseconds whatever ``fn`` costs in Python."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def kernel_times(fns: dict, reps: int, launch: str = "graph") -> tuple[dict, dict]:
@@ -169,22 +162,8 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int,
     t = getattr(torch, dtype)
     a = torch.randn(m, k, device="cuda", dtype=t)
     b = torch.randn(n, k, device="cuda", dtype=t)
-    ref = (a @ b.T).float()
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
-    fns = {"cublas": contender(None, a, b)}
-    for spec, kwargs in specs.items():
-        try:
-            kwargs = resolve(kwargs, m, n, k)
-            fn = contender(kwargs, a, b)
-            out = fn()
-            rel = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-        except Exception as exc:  # report, keep going
-            row[f"{spec}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            continue
-        if not rel < 2e-2:  # a wrong result is never timed
-            row[f"{spec}_error"] = f"rel. max error {rel:.3g}"
-            continue
-        fns[spec] = fn
+    fns = checked_contenders(specs, a, b, row, make=contender)
     times, names = kernel_times(fns, reps, launch)
     flops = 2 * m * n * k
     for key, us in times.items():

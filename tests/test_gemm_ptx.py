@@ -97,12 +97,14 @@ def test_widths_in_steps_of_16(load, tile_n):
 def test_tiles_wider_than_one_wgmma(load, tile_n):
     """Past 256 columns (one WGMMA's most) each consumer warpgroup issues two m64n(N/2)k16
     per k-step over its 64 rows, the two halves of the same A rows against two halves of B;
-    a stage is then 56-64 KiB, so three fit (cuBLAS's 128 x 320 tile at 8192^3 has three).
+    a stage is then 52-64 KiB, so three fit (cuBLAS's 128 x 320 tile at 8192^3 has three),
+    four at 288 beside two epilogue buffers instead of four (``epi_buffers``).
     ``cutetma.gemm`` keeps the serial epilogue for them (the held tile would spill)."""
     from cutetma import ops
 
     cfg = GemmConfig(tile_n=tile_n, load=load)
-    assert cfg.mma_n == tile_n // 2 and cfg.num_stages() == 3
+    assert cfg.mma_n == tile_n // 2
+    assert (cfg.num_stages(), cfg.epi_buffers()) == ((4, 2) if tile_n == 288 else (3, 4))
     ptx = kernels.compile_gemm(cfg, "BFloat16").ptx
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)
     assert set(wgmma) == {str(tile_n // 2)} and len(wgmma) == 2 * 4  # 2 halves x 4 k-steps
@@ -672,6 +674,24 @@ def test_sustained_benchmark_reads_kernel_specs():
     for bad in ("cudnn", "ours:tile", "ours:=2", "nvidia:cluster"):
         with pytest.raises(SystemExit):
             gemm_sustained.parse_kernel(bad)
+
+
+def test_kernel_times_fit_and_config_fields():
+    """gemm_kernel_times.py: the fixed cost and the cost a k-tile come back from exact lines,
+    and a spec's ``GemmConfig`` fields replace only themselves in the library's own choice
+    for the shape (256 x 6144 x 4096: 128 x 96 in a (2, 1) cluster, 7 stages beside two
+    epilogue buffers; ``epi_stages=4`` gives the 6 stages it had before)."""
+    _gemm_benchmark()  # puts benchmarks/ on the path
+    import gemm_kernel_times as kt
+
+    fit = kt.fit_line([(16, 4.0 + 16 * 0.3), (64, 4.0 + 64 * 0.3), (128, 4.0 + 128 * 0.3)])
+    assert fit == {"fixed_us": 4.0, "per_k_tile_us": 0.3, "points": 3}
+    assert kt.spec_config({}, 256, 6144, 4096) is None
+    assert kt.spec_config({"load": "tma_multicast"}, 256, 6144, 4096) is None
+    auto = kt.spec_config({"epi_stages": 4}, 256, 6144, 4096)
+    assert (auto.tile_n, auto.cluster_m, auto.epi_stages, auto.num_stages()) == (96, 2, 4, 6)
+    default = kt.spec_config({"stages": 7}, 256, 6144, 4096)
+    assert (default.tile_n, default.epi_buffers(), default.num_stages()) == (96, 2, 7)
 
 
 def test_final_rounds_alternate_their_order(monkeypatch):
