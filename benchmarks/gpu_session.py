@@ -9,6 +9,28 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 16's calls (6 calls, 1,630 s; ``MC=load=tma_multicast,cluster=2x1``)::
+
+    python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_m256 --shapes 256x6144 \
+        256x5120 256x12288 2048x5120 --ks 1024 2048 4096 8192 --kernels ours \
+        ours:fit=1,load=tma_multicast,cluster=1x2 ours:fit=1,$MC --reps 11     # 26 s
+    python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_stages <same shapes> \
+        --kernels ours ours:epi_stages=2 ours:epi_n=16 ours:stages=4            # 30 s
+    python benchmarks/cublas_kernels.py --dtypes float16 --name cublas_kernels_m2048 \
+        --cells <the 18 paper cells at M = 2048>                                # 13 s
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "epilogue_buffers or out_dtypes \
+        or new_tile_widths"                                                     # 192 s
+    python benchmarks/gemm.py --cells 256x6144x4096 512x6144x4096 256x12288x5120 \
+        2048x1536x5120 --name gemm_epi_cells                                    # 126 s
+    python benchmarks/gemm.py --merge gemm.json gemm_epi_cells.json             # no GPU
+    python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_graph --shapes 4096x4096 \
+        8192x8192 --ks 4096 --kernels ours ours:$MC --graph-rounds 2            # 25 s
+    python benchmarks/gemm_host_cost.py --cells 256x6144x4096 4096x4096x4096 \
+        --kernels ours ours:tile=128x96,cluster=1x1 ours:$MC                    # 25 s
+
+Next: the cluster's extra cost in graph timing (Nsight Systems), 128 x 320 in (2, 1) at
+M = 2048, N = 5120 / 7680, and the host cost of an eager call (PERF_NOTES, session 16).
+
 Session 15's calls (4 calls, 1,599 s, as these lines in ignored ``.gpu/run*.sh`` scripts)::
 
     python benchmarks/gpu_session.py --only tests gemm_widths --tests-budget 150 \
@@ -22,8 +44,8 @@ Session 15's calls (4 calls, 1,599 s, as these lines in ignored ``.gpu/run*.sh``
         --name gemm_headline_ab_{dtype} --cells 8192x8192x8192 4096x4096x4096 \
         --kernels ours ours:load=tma_multicast,cluster=2x1          # 18 s each
 
-Next: where a launch at M = 256 spends the ~10 us that K does not pay for (PERF_NOTES,
-session 15), through ``gemm_profile.py`` on one cell against cuBLAS's kernel.
+Session 15's next step, where a launch at M = 256 spends the ~10 us that K does not pay
+for, was answered in session 16 by ``gemm_kernel_times.py``: it was the graph timing's own.
 
 Session 14's call (``.gpu/run1.sh``; 1 call, 110 s; then no machine was lent)::
 
