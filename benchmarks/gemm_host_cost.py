@@ -25,26 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_kernel_times import contender  # noqa: E402
+from gemm_kernel_times import contender, host_and_eager  # noqa: E402
 from gemm_sustained import parse_kernel  # noqa: E402
 
 CELLS = ["256x6144x4096", "4096x4096x4096"]
-
-
-def host_and_eager(fn, calls: int) -> tuple[float, float]:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    end.record()
-    end.synchronize()
-    return host, start.elapsed_time(end) * 1e3 / calls
 
 
 def kernel_us(fn, calls: int) -> float:

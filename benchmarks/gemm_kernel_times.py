@@ -136,23 +136,31 @@ def fit_line(points) -> dict:
             "points": len(xs)}
 
 
-def back_to_back(fns: dict, launches: int = 20) -> dict:
-    """Microseconds a launch when ``launches`` plain calls run back to back between two CUDA
-    events (no flush, no graph: each launch queued behind the last, as in a model's
-    forward), the contenders in turn."""
+def host_and_eager(fn, calls: int) -> tuple[float, float]:
+    """``calls`` plain calls back to back (no flush, no graph: each launch queued behind the
+    last, as in a model's forward): microseconds a call on the host's clock while the GPU
+    queue fills, and a call's share of the CUDA events around them (the larger of host and
+    GPU time, if nothing waits)."""
+    import time
+
     import torch
 
-    out = {}
-    for key, fn in fns.items():
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
         fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(launches):
-            fn()
-        end.record()
-        end.synchronize()
-        out[key] = start.elapsed_time(end) * 1e3 / launches
-    return out
+    host = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end) * 1e3 / calls
+
+
+def back_to_back(fns: dict, launches: int = 20) -> dict:
+    """Microseconds a launch of each contender in turn, ``host_and_eager``'s event time."""
+    return {key: host_and_eager(fn, launches)[1] for key, fn in fns.items()}
 
 
 def measure(m: int, n: int, k: int, dtype: str, specs: dict, reps: int,

@@ -369,8 +369,8 @@ class HopperGemm:
         sA_layout = sm90.make_smem_layout_a(a_major, tile_mnk, ab_dtype, stages)
         sB_layout = sm90.make_smem_layout_b(b_major, tile_mnk, ab_dtype, stages)
         epi_tile = (cfg.tile_m, cfg.epi_n)
-        sC_layout = sm90.make_smem_layout_epi(c_dtype, c_major, epi_tile,
-                                               cfg.epi_buffers(c_dtype.width // 8))
+        epi_buffers = cfg.epi_buffers(c_dtype.width // 8)
+        sC_layout = sm90.make_smem_layout_epi(c_dtype, c_major, epi_tile, epi_buffers)
 
         # TMA atoms: A is shared along N by cluster_n CTAs, B along M by cluster_m CTAs.
         tma_a, mA_tma = tma.load_atom(mA, cute.slice_(sA_layout, (None, None, 0)),
@@ -397,6 +397,7 @@ class HopperGemm:
 
         self.storage = Storage
         self.stages = stages
+        self.epi_buffers = epi_buffers
         self.c_major = c_major
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
                     sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags).launch(
@@ -578,14 +579,14 @@ class HopperGemm:
             thr_mma = tiled_mma.get_slice(0)
             mma_tid = ctid % WARPGROUP
             epi_threads = WARPGROUP
-            epi_bufs = cfg.epi_buffers(sC.element_type.width // 8) // 2
+            epi_bufs = self.epi_buffers // 2
             epi_sync = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=WARPGROUP)
         else:
             thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups,
                                                            stride=WARPGROUP)(wg))
             mma_tid = ctid
             epi_threads = cfg.consumer_groups * WARPGROUP
-            epi_bufs = cfg.epi_buffers(sC.element_type.width // 8)
+            epi_bufs = self.epi_buffers
             epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=epi_threads)
         my_turn = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * WARPGROUP)
         their_turn = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * WARPGROUP)
