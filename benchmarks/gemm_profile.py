@@ -14,6 +14,14 @@ source counters: the SASS listing with its warp-stall samples (``gemm_sass_<spec
 and where the warps wait most and why (``gemm_sass_<spec>.json``, all of them together in
 ``gemm_sass.json``; ``--collect OUT_DIR`` rebuilds that file), e.g. where split-K's hand-over
 spends its time: ``256x512x5120/tile=128x128,split_k=4``.
+
+    python benchmarks/gemm_profile.py --compare OUT.json MxNxK[/dtype=bfloat16] SPEC ...
+
+puts the launch-wide counters (``METRICS`` and the memory ones, ``COMPARE_METRICS``) of
+cuBLAS and each spec (``cublas`` or ``ours:key=value,...``, as in ``gemm_kernel_times.py``) on
+one shape side by side, e.g. why our 64 x 128 tile takes 15% longer than cuBLAS's 64 x 128
+kernel (same tile, stages and cluster) at 2048 x 512 x 5120: ``--compare p.json
+2048x512x5120 cublas ours ours:tile=64x128,load=tma_multicast,cluster=2x1``.
 """
 
 from __future__ import annotations
@@ -42,22 +50,44 @@ METRICS = [
 ]
 
 
-def workload():
+# where a launch's bytes go: L2 traffic and hit rate, DRAM, the L2 -> SM crossbar, and the
+# grid as launched (cluster, CTAs, shared memory)
+COMPARE_METRICS = METRICS + [
+    "lts__t_bytes.sum",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "l1tex__m_xbar2l1tex_read_bytes.sum",
+    "sm__memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "smsp__cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "launch__grid_size",
+    "launch__cluster_dim_x",
+    "launch__cluster_dim_y",
+    "launch__shared_mem_per_block_dynamic",
+    "launch__registers_per_thread",
+]
+DEFAULT_SPECS = ("ours:load=tma", "ours:load=cp_async", "cublas")
+
+
+def workload(shape=(8192, 8192, 8192), specs=DEFAULT_SPECS, dtype="float16"):
+    """Each spec once inside the NVTX range "profile", after two calls outside it (compile,
+    warm-up), on the same randn data."""
     import torch
 
-    from cutetma import ops
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm_kernel_times import contender  # takes GemmConfig fields (stages=...) too
+    from gemm_sustained import parse_kernel
 
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-    calls = {"ours_tma": lambda: ops.gemm(a, b, load="tma"),
-             "ours_cp_async": lambda: ops.gemm(a, b, load="cp_async"),
-             "cublas": lambda: a @ b.T}
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=getattr(torch, dtype))
+    b = torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype))
+    calls = {spec: contender(parse_kernel(spec), a, b) for spec in specs}
     for fn in calls.values():  # compile and warm up outside the profiled range
         fn()
         fn()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("profile")  # ncu --nvtx-include "profile/" matches this range
-    for fn in calls.values():  # in order: ours (TMA), ours (cp.async), cuBLAS
+    for fn in calls.values():  # in the specs' order (``run_ncu``'s ``order``)
         fn()
         torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
@@ -176,9 +206,10 @@ def profile_source(out_dir: Path, prefix: str, name: str, workload_args, describ
 
 
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
-            order=("ours_tma", "ours_cp_async", "cublas")) -> int:
-    """ncu over ``script --workload`` (its launches inside the NVTX range "profile"), the
-    ``metrics`` of each launch as a JSON table in ``out``; ``order`` names the launches."""
+            order=("ours_tma", "ours_cp_async", "cublas"), workload_args=()) -> int:
+    """ncu over ``script --workload *workload_args`` (its launches inside the NVTX range
+    "profile"), the ``metrics`` of each launch as a JSON table in ``out``; ``order`` names
+    the launches."""
     ncu = find_ncu()
     if not ncu:
         print("ncu not found")
@@ -186,7 +217,7 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
     metrics = supported(ncu, metrics)
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
            "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-           sys.executable, script, "--workload"]
+           sys.executable, script, "--workload", *workload_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     text = proc.stdout[proc.stdout.find('"ID"'):] if '"ID"' in proc.stdout else ""
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -194,7 +225,8 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
              for r in rows]
     from cutetma import results
 
-    out.write_text(json.dumps({"meta": results.meta(" ".join(cmd[:-3])), "rows": table,
+    command = " ".join(cmd[:-3 - len(workload_args)])
+    out.write_text(json.dumps({"meta": results.meta(command), "rows": table,
                                "order": list(order),
                                "stdout_tail": proc.stdout[-3000:],
                                "stderr_tail": proc.stderr[-2000:]}, indent=1))
@@ -269,9 +301,44 @@ def run_source(out_dir: Path, specs) -> int:
     return status
 
 
+def parse_compare(args):
+    """``MxNxK[/dtype=...] SPEC ...`` -> ((m, n, k), dtype, specs)."""
+    if not args:
+        raise SystemExit("--compare OUT.json MxNxK[/dtype=bfloat16] SPEC ...")
+    (m, n, k), dtype, options = parse_source_spec(args[0])
+    if options:
+        raise SystemExit(f"--compare {args[0]!r}: only dtype= goes with the shape; "
+                         "options belong to each spec")
+    specs = list(args[1:]) or ["cublas", "ours"]
+    for spec in specs:
+        parse_kernel_spec(spec)
+    return (m, n, k), dtype, specs
+
+
+def parse_kernel_spec(spec: str):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm_sustained import parse_kernel
+
+    return parse_kernel(spec)
+
+
+def run_compare(out: Path, args) -> int:
+    """``--compare``: ``COMPARE_METRICS`` of each spec's launch at one shape."""
+    (m, n, k), dtype, specs = parse_compare(args)
+    return run_ncu(out, metrics=COMPARE_METRICS, order=specs,
+                   workload_args=[f"{m}x{n}x{k}", dtype, *specs])
+
+
 if __name__ == "__main__":
     if "--workload" in sys.argv:
-        workload()
+        rest = sys.argv[sys.argv.index("--workload") + 1:]
+        if rest:  # --compare's: MxNxK dtype SPEC ...
+            workload(tuple(int(x) for x in rest[0].split("x")), rest[2:], rest[1])
+        else:
+            workload()
+    elif "--compare" in sys.argv:
+        rest = sys.argv[sys.argv.index("--compare") + 1:]
+        sys.exit(run_compare(Path(rest[0]), rest[1:]))
     elif "--source-workload" in sys.argv:
         source_workload(sys.argv[sys.argv.index("--source-workload") + 1])
     elif "--collect" in sys.argv:  # the summaries of an earlier --source run, as one file

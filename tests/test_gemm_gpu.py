@@ -304,6 +304,38 @@ def test_new_tile_widths(variant):
             check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
 
 
+# clusters of 4 and 8 CTAs (written 2026-12-02): cuBLAS runs 64 x 64 tiles in (2, 4)
+# clusters (ours: A multicast to 4 CTAs, B to 2) where the output is narrow
+BIG_CLUSTERS = [
+    dict(tile=(64, 64), cluster=(2, 4)), dict(tile=(64, 128), cluster=(4, 2)),
+    dict(tile=(128, 128), cluster=(1, 4)), dict(tile=(128, 256), cluster=(4, 1)),
+    dict(tile=(128, 96), cluster=(2, 4)),
+]
+
+
+@pytest.mark.parametrize("variant", BIG_CLUSTERS, ids=_named)
+def test_clusters_of_four_and_eight(variant):
+    """Multicast to 4 CTAs (each issues a quarter of the box) and clusters of 8, on random
+    shapes that are not multiples of the tile (partial clusters at the edges), a narrow one
+    like cuBLAS's, fp16 / bf16 inputs, fp16 and fp32 outputs, B as (N, K) and (K, N)."""
+    import torch
+
+    from cutetma import ops
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in _shapes(sum(map(ord, str(variant))), 5) + [(256, 1536, 5120)]:
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(n, k, device="cuda", dtype=dtype)
+            for out_dtype in (dtype, torch.float32):
+                out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                                 dtype=out_dtype)[:, :n]
+                ops.gemm(a, b, out=out, load="tma_multicast", **variant)
+                check(a, b, out)
+            b_kn = b.T.contiguous()
+            check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, load="tma_multicast", **variant),
+                  trans_b=False)
+
+
 def _default_into_poisoned(m, n, k, dtype):
     """``cutetma.gemm(a, b)`` with no options on fresh randn inputs, into NaN-filled outputs
     of the input dtype and of fp32, each checked against the fp32 reference."""

@@ -34,6 +34,17 @@ def test_tma_variant(dtype, cluster):
         assert ptx.count(MCAST) >= 2
 
 
+def test_clusters_of_eight_multicast_both_operands_in_quarters_and_halves():
+    """cuBLAS's (2, 4) cluster of 64 x 64 tiles: each CTA issues a quarter of A's box and half
+    of B's, both multicast; every stage's empty barrier counts the 4 consumer warps of each
+    of the 2 + 4 - 1 CTAs that read it."""
+    cfg = GemmConfig(tile_m=64, tile_n=64, cluster_m=2, cluster_n=4)
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    assert f"{WGMMA}.m64n64k16.f32.f16.f16" in ptx
+    assert ptx.count(MCAST) >= 2 and "shared::cta.global" not in ptx  # no unshared load
+    assert cfg.num_stages() == 13  # cuBLAS's kernel there: 64x64_64x13
+
+
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
 def test_cp_async_variant(dtype):
     ptx = kernels.compile_gemm(GemmConfig(load="cp_async"), dtype).ptx
@@ -142,7 +153,10 @@ def test_output_dtypes(out):
     (dict(tile_n=80, epi_n=32), "epi_n"), (dict(tile_k=32), "tile_k"),
     (dict(tile_n=320, store_under_mma=True), "serial epilogue"),
     (dict(tile_n=320, split_k=2), "K whole"),
-    (dict(cluster_m=4), "cluster"), (dict(load="cp_async", cluster_n=2), "multicast"),
+    (dict(cluster_m=8), "cluster"), (dict(cluster_m=4, cluster_n=4), "at most 8"),
+    (dict(cluster_n=3), "cluster"), (dict(tile_n=80, cluster_m=4), "swizzle atoms"),
+    (dict(tile_m=64, tile_n=64, cluster_n=16), "cluster"),
+    (dict(load="cp_async", cluster_n=2), "multicast"),
     (dict(load="bulk"), "load="), (dict(schedule="pingpong"), "at most 128x128"),
     (dict(store_under_mma=True, split_k=2), "whole cooperative tiles"),
     (dict(split_sum="tree", split_k=2), "split_sum"), (dict(split_sum="atomic"), "split_k > 1"),

@@ -49,9 +49,10 @@ the hand-over differ::
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
 B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64 to 384
 (past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole), K-tile 64;
-cluster (1|2, 1|2) multicasts A along N and B along M (TMA only); K and the contiguous
-dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K need not be
-multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only: ``pytest tests/test_gemm_ptx.py``.
+cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only); K and
+the contiguous dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K
+need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
+``pytest tests/test_gemm_ptx.py``.
 """
 
 from __future__ import annotations
@@ -153,8 +154,19 @@ class GemmConfig:
                              "count, half for each warpgroup)")
         if self.tile_k != 64:
             raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
-        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
-            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}): each of 1 or 2")
+        if (self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2, 4)
+                or self.cluster_m * self.cluster_n > 8):
+            # 8 CTAs is the portable cluster size; cuBLAS runs (2, 4) in our terms at
+            # 256 x 1536 x 5120 (64 x 64 tiles: A shared by 4 CTAs, B by 2)
+            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}): each of 1, 2 or "
+                             "4, at most 8 CTAs")
+        for rows, sharers, what in ((self.tile_m, self.cluster_n, "tile_m / cluster_n"),
+                                    (self.mma_n, self.cluster_m, "tile_n / cluster_m")):
+            # each sharer issues 1/sharers of the operand's box (past 256 columns B's box is
+            # one WGMMA's width): whole 8-row swizzle atoms, or the slices would overlap
+            if rows % (8 * sharers):
+                raise ValueError(f"{what}: {rows} rows in {sharers} multicast slices are not "
+                                 "whole 8-row swizzle atoms")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
         if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
