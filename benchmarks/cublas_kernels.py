@@ -37,6 +37,30 @@ def parse_nvjet(name: str) -> dict:
     return {"tile": [tm, tn], "tile_k": tk, "stages": stages, "cluster": [cm, cn]}
 
 
+def as_ours(kernels: list[dict]) -> dict | None:
+    """``cutetma.gemm`` keywords for the tile and cluster of cuBLAS's main kernel in our terms
+    (its tile and cluster transposed; a width that is not a multiple of 16, nvjet's 168,
+    rounded up to one), or None where ours cannot run it: a split K (nvjet's "splitK"
+    kernels and a reduction kernel beside them; the slice count is not in the name), a
+    tile height other than 64 / 128, a width past 384, a cluster ours does not take."""
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    main = kernels[0] if kernels else {}
+    if "tile" not in main or "splitK" in main["name"] or any(
+            "splitK" in kern["name"] or "reduce" in kern["name"].lower() for kern in kernels):
+        return None
+    width, height = main["tile"]
+    width = -(-width // 16) * 16
+    cluster = (main["cluster"][1], main["cluster"][0])
+    try:
+        GemmConfig(tile_m=height, tile_n=width, cluster_m=cluster[0], cluster_n=cluster[1])
+    except ValueError:
+        return None
+    shared = cluster != (1, 1)
+    return {"tile": (height, width), "load": "tma_multicast" if shared else "tma",
+            **({"cluster": cluster} if shared else {"cluster": (1, 1)})}
+
+
 def kernels_of(fn, repeats: int = 5) -> list[dict]:
     """The CUDA kernels ``fn`` launches, by name, with their share of its GPU time."""
     import torch

@@ -8,9 +8,10 @@ For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 t
 the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
 ``gemm_sustained.py``: ``ours:key=value,...`` are ``cutetma.gemm`` keyword arguments, checked
 against cuBLAS's result first; ``split_k=wave`` takes the most slices that fit one wave for
-the spec's tile in each cell; ``nvidia:tile=128x256,cluster=1x2`` is NVIDIA's CuTe DSL
-example, ``nvidia_peer.py``, with ``--nvidia-example PATH``) are timed in turn,
-``--rounds`` times, on the same randn data
+the spec's tile in each cell; ``mirror=cublas`` takes the tile and cluster of cuBLAS's own
+kernel in each cell (read from the profiler in the same run);
+``nvidia:tile=128x256,cluster=1x2`` is NVIDIA's CuTe DSL example, ``nvidia_peer.py``, with
+``--nvidia-example PATH``) are timed in turn, ``--rounds`` times, on the same randn data
 (``gemm.bench``: CUDA-graph replays, median); a cell's figures are the medians of its rounds.
 Alternating keeps every contender in the same power state: on this card the clock under the
 power cap moves by several % within a minute, far more than most single changes are worth.
@@ -56,13 +57,24 @@ def summarize(rows, specs) -> dict:
     return out
 
 
-def resolve(kwargs: dict, m: int, n: int, k: int) -> dict:
+def resolve(kwargs: dict, m: int, n: int, k: int, cublas=None) -> dict:
     """Specs that follow the cells' sizes. ``split_k=wave``: the most slices whose units fit
     one wave of the SMs for the spec's tile in this cell (``ops.wave_split``). ``fit=W``:
     128-row tiles of the narrowest width (a multiple of 16) that makes at most W waves
-    (``ops.fit_width``); a cell no width fits in W waves is refused."""
+    (``ops.fit_width``); a cell no width fits in W waves is refused. ``mirror=cublas``: the
+    tile and cluster of the kernel cuBLAS runs in this cell (``cublas``: its kernels, as
+    ``cublas_kernels.kernels_of`` lists them; ``cublas_kernels.as_ours`` translates), so
+    ours and cuBLAS meet with the same configuration; refused where ours cannot run it."""
     from cutetma import ops
 
+    if kwargs.get("mirror") == "cublas":
+        from cublas_kernels import as_ours
+
+        mirrored = as_ours(cublas or [])
+        if mirrored is None:
+            name = (cublas or [{}])[0].get("name", "?")
+            raise ValueError(f"ours cannot run cuBLAS's kernel here ({name})")
+        kwargs = {key: v for key, v in kwargs.items() if key != "mirror"} | mirrored
     if "fit" in kwargs:
         width = ops.fit_width(m, n, kwargs["fit"])
         if width is None:
@@ -87,9 +99,15 @@ def checked_contenders(specs: dict, a, b, row: dict, make=contender) -> dict:
     m, n, k = a.shape[0], b.shape[0], a.shape[1]
     ref = (a @ b.T).float()
     fns = {"cublas": make(None, a, b)}
+    cublas = None
+    if any((kwargs or {}).get("mirror") for kwargs in specs.values()):
+        from cublas_kernels import kernels_of
+
+        cublas = kernels_of(lambda: a @ b.T)
+        row["cublas_kernel"] = cublas[0]["name"] if cublas else None
     for spec, kwargs in specs.items():
         try:
-            if (resolved := resolve(kwargs, m, n, k)) is not kwargs:
+            if (resolved := resolve(kwargs, m, n, k, cublas)) is not kwargs:
                 kwargs = resolved
                 row[f"{spec}_resolved"] = {key: list(v) if isinstance(v, tuple) else v
                                            for key, v in kwargs.items()}

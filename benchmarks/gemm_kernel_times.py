@@ -16,7 +16,8 @@ and a line ``time = fixed + per_k_tile * ceil(K / 64)`` is fitted
 per (M, N, contender) over the K sweep (least squares). ``--kernels``: as ``gemm_ab.py``
 (``ours``, ``ours:key=value,...`` with ``cutetma.gemm``'s keywords, ``fit=W``,
 ``split_k=wave``), plus ``GemmConfig`` fields the library otherwise chooses itself:
-``stages=S``, ``epi_n=E``, ``epi_stages=B``. cuBLAS always runs. Writes ``<name>.json``:
+``stages=S``, ``epi_n=E``, ``epi_stages=B``, ``load_hint=normal|first|last``,
+``raster_swizzle=S``, ``raster_along_m=0|1``. cuBLAS always runs. Writes ``<name>.json``:
 rows (M, N, K, dtype, each contender's median kernel microseconds and TFLOP/s, the kernels'
 names, and ``<key>_graph_us``: the same call timed as ``gemm.py`` times it, CUDA-graph
 replays between events (``--graph-rounds`` alternating rounds), so the difference is what a
@@ -36,7 +37,9 @@ from gemm import alternating_rounds, as_graph, progress  # noqa: E402
 from gemm_ab import checked_contenders  # noqa: E402
 from gemm_sustained import parse_kernel  # noqa: E402
 
-CONFIG_FIELDS = ("stages", "epi_n", "epi_stages")  # GemmConfig fields, not gemm keywords
+# GemmConfig fields, not gemm keywords
+CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "load_hint", "raster_swizzle",
+                 "raster_along_m")
 FLUSH_BYTES = 256 << 20  # larger than the H200's L2 (50 MB), as triton.testing.do_bench
 
 
@@ -47,6 +50,8 @@ def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
     from cutetma import ops
 
     fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
+    if "raster_along_m" in fields:
+        fields["raster_along_m"] = bool(fields["raster_along_m"])
     if not fields:
         return None
     kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}

@@ -60,11 +60,13 @@ COMPARE_METRICS = METRICS + [
     "l1tex__m_xbar2l1tex_read_bytes.sum",
     "sm__memory_throughput.avg.pct_of_peak_sustained_elapsed",
     "smsp__cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "launch__grid_size",
-    "launch__cluster_dim_x",
-    "launch__cluster_dim_y",
-    "launch__shared_mem_per_block_dynamic",
-    "launch__registers_per_thread",
+    # who asks the L2 for what: the SMs (tex: TMA and loads), the other L2 partition (the
+    # fabric between the H200's two halves), requests against sectors
+    "lts__t_sectors_srcunit_tex.sum",
+    "lts__t_requests_srcunit_tex.sum",
+    "lts__t_sectors_srcunit_ltcfabric.sum",
+    "lts__t_sectors_srcunit_tex_lookup_hit.sum",
+    "lts__t_sectors_op_read.sum",
 ]
 DEFAULT_SPECS = ("ours:load=tma", "ours:load=cp_async", "cublas")
 

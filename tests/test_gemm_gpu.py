@@ -336,6 +336,25 @@ def test_clusters_of_four_and_eight(variant):
                   trans_b=False)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_automatic_wide_multicast(dtype):
+    """Where ``cutetma.gemm`` runs 128 x 320 tiles in (2, 1) clusters by itself (M > 512,
+    128 x 256 tiles filling the last wave badly; written 2026-12-02), shapes that are not
+    multiples of the tile, into poisoned fp16 / bf16 and fp32 outputs; B as (K, N) takes a
+    narrower tile (a 160-column WGMMA cannot read an N-major B) and is checked too."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k in [(2048, 5120, 1000), (2000, 5000, 777), (2048, 7680, 136)]:
+        assert ops.wide_multicast_pays(m, n, k), (m, n, k)
+        _default_into_poisoned(m, n, k, t)
+        a = torch.randn(m, k, device="cuda", dtype=t)
+        b_kn = torch.randn(k, n, device="cuda", dtype=t)
+        check(a, b_kn, ops.gemm(a, b_kn, trans_b=False), trans_b=False)
+
+
 def _default_into_poisoned(m, n, k, dtype):
     """``cutetma.gemm(a, b)`` with no options on fresh randn inputs, into NaN-filled outputs
     of the input dtype and of fp32, each checked against the fp32 reference."""

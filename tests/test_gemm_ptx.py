@@ -312,7 +312,9 @@ def test_automatic_split_k_follows_the_measurements(mnk, tile, split, split_sum)
     from cutetma import ops
 
     m, n, k = mnk
-    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    # one CTA per cluster: the (2, 1) multicast rules may take over some of these cells
+    # (test_automatic_multicast_*, test_automatic_wide_multicast_*)
+    cfg = ops._gemm_config(m, n, "tma", (1, 1), None, 132, split_k=None, k=k)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_sum) == (*tile, split, split_sum)
 
 
@@ -398,6 +400,35 @@ def test_automatic_multicast_follows_the_measurements(mnk, shared):
         assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (128, shared, 1) and cfg.store_under_mma
     for load, cluster, tile in (("cp_async", None, None), ("tma", (1, 1), None),
                                 ("tma", None, (128, 256))):  # anything given: no cluster
+        other = ops._gemm_config(m, n, load, cluster, tile, 132, split_k=None, k=k)
+        assert (other.cluster_m, other.cluster_n) == (1, 1)
+
+
+@pytest.mark.parametrize("mnk,wide", [
+    # gemm_mirror_m2048.json (H200, 2026-12-02): cuBLAS's own 128 x 320 (2, 1) gained 2-8%
+    # where 128 x 256 tiles fill the last wave badly, and lost where they fill it well
+    ((2048, 5120, 5120), True), ((2048, 7680, 5120), True), ((2048, 5120, 16384), True),
+    ((2048, 5120, 12288), True),
+    ((2048, 28672, 8192), False), ((2048, 10240, 8192), False), ((4096, 4096, 4096), False),
+    ((8192, 8192, 8192), False), ((8192, 14336, 4096), False),
+    ((512, 5120, 5120), False),   # M = 256 / 512 have their own multicast rule
+    ((2176, 5120, 5120), False),  # 17 tile rows: a cluster would leave a CTA idle
+])
+def test_automatic_wide_multicast_past_m_512(mnk, wide):
+    from cutetma import ops
+
+    m, n, k = mnk
+    assert ops.wide_multicast_pays(m, n, k) == wide
+    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    got = (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.split_k)
+    assert (got == (128, 320, 2, 1, 1)) == wide
+    if wide:  # past 256 columns: the serial epilogue; an N-major B keeps a narrower tile
+        assert not cfg.store_under_mma
+        other = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k,
+                                 b_k_major=False)
+        assert other.tile_n <= 256 and (other.cluster_m, other.cluster_n) == (1, 1)
+    for load, cluster, tile in (("cp_async", None, None), ("tma", (1, 1), None),
+                                ("tma", None, (128, 256))):  # anything given: as given
         other = ops._gemm_config(m, n, load, cluster, tile, 132, split_k=None, k=k)
         assert (other.cluster_m, other.cluster_n) == (1, 1)
 
@@ -793,6 +824,23 @@ def test_ab_benchmark_cells_and_summary():
                                                       "cluster": (1, 2), "tile": (128, 96)}
     with pytest.raises(ValueError, match="no tile width fits"):
         gemm_ab.resolve({"fit": 1}, 8192, 8192, 8192)
+    # mirror=cublas: cuBLAS's tile and cluster, transposed into our terms (its M is our N)
+    def nvjet(name):
+        import cublas_kernels
+
+        return [{"name": name, **cublas_kernels.parse_nvjet(name)}]
+    assert gemm_ab.resolve({"mirror": "cublas"}, 256, 1536, 5120, nvjet(
+        "nvjet_sm90_hsh_64x64_64x13_4x2_h_bz_TNT")) == {
+            "tile": (64, 64), "load": "tma_multicast", "cluster": (2, 4)}
+    assert gemm_ab.resolve({"mirror": "cublas"}, 512, 5120, 5120, nvjet(
+        "nvjet_sm90_hsh_168x128_64x5_1x2_h_bz_TNN"))["tile"] == (128, 176)  # 168: up to 16s
+    assert gemm_ab.resolve({"mirror": "cublas"}, 4096, 4096, 4096, nvjet(
+        "nvjet_sm90_hsh_256x128_64x4_1x1_h_bz_TNT")) == {
+            "tile": (128, 256), "load": "tma", "cluster": (1, 1)}
+    for refused in ("nvjet_sm90_hsh_64x64_64x13_4x2_h_bz_splitK_TNT",  # slices unknown
+                    "nvjet_sm90_hsh_256x256_64x4_1x2_h_bz_TNT"):       # 256 rows of ours
+        with pytest.raises(ValueError, match="cannot run"):
+            gemm_ab.resolve({"mirror": "cublas"}, 256, 512, 5120, nvjet(refused))
 
 
 def test_width_ab_specs_resolve():

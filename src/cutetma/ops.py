@@ -391,6 +391,31 @@ def multicast_tile(m: int, n: int, k: int, sm_count: int = 132, choice=None):
     return best
 
 
+# Past MULTICAST_MAX_M, cuBLAS runs 128 x 320 tiles in (2, 1) clusters where its 128 x 256
+# tiles would fill the last wave badly (cublas_kernels_m2048.json: 2048 x 5120 / 7680). A
+# k-tile of ours there, in grid_time's units (H200, 2026-12-02, kernel times of 2048 x 5120 x
+# 4096: 114.6 us against 127.4 for 128 x 160, cuBLAS 112.5; gemm_kernel_times_hints_large
+# .json): WIDE_K_TILE_TIME, the width's share of 128 x 256's work. Chosen where the model puts
+# it WIDE_MARGIN ahead: graph-timed with cuBLAS (gemm_mirror_m2048.json, 2 rounds) it gained
+# 2-8% at 2048 x 5120 x 5120 / 16384 and 2048 x 7680 x 5120 (model 0.88-0.92) and lost 1-3%
+# at 2048 x 5120 x 12288 (0.88) and 2048 x 28672 x 8192 (0.96)
+WIDE_TILE = (128, 320)
+WIDE_K_TILE_TIME = 1.22
+WIDE_MARGIN = 0.93
+
+
+def wide_multicast_pays(m: int, n: int, k: int, sm_count: int = 132, choice=None) -> bool:
+    """Whether ``cutetma.gemm`` (``load="tma"``, nothing else given, M > MULTICAST_MAX_M
+    with an even count of 128-row tiles, B K-major) runs ``WIDE_TILE`` in (2, 1) clusters:
+    where ``grid_time`` with ``WIDE_K_TILE_TIME`` puts it ``WIDE_MARGIN`` ahead of
+    ``auto_tile_and_split``'s choice (``choice`` when the caller has it)."""
+    if m <= MULTICAST_MAX_M or -(-m // 128) % 2:
+        return False
+    tile, split = choice or auto_tile_and_split(m, n, k, sm_count)
+    wide = wave_count(m, n, WIDE_TILE, sm_count) * -(-k // 64) * WIDE_K_TILE_TIME
+    return wide < WIDE_MARGIN * grid_time(m, n, k, tile, split, sm_count)
+
+
 def multicast_pays(m: int, n: int, k: int, sm_count: int = 132, choice=None) -> bool:
     """Whether ``cutetma.gemm`` multicasts B by itself (``multicast_tile``)."""
     return multicast_tile(m, n, k, sm_count, choice) is not None
@@ -399,7 +424,7 @@ def multicast_pays(m: int, n: int, k: int, sm_count: int = 132, choice=None) -> 
 def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                  schedule: str | None = None, split_k: int | None = 1, k: int = 0,
                  stream_k: bool = False, store_under_mma: bool | None = None,
-                 split_sum: str | None = None):
+                 split_sum: str | None = None, b_k_major: bool = True):
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
     mechanism = "cp_async" if load == "cp_async" else "tma"
@@ -423,6 +448,10 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 elif auto_cluster and (
                         shared := multicast_tile(m, n, k, sm_count, (tile, split_k))):
                     tile, cluster, split_k = shared, (2, 1), 1
+                elif auto_cluster and b_k_major and wide_multicast_pays(
+                        m, n, k, sm_count, (tile, split_k)):
+                    # an N-major B cannot feed 160-column WGMMAs (check_tile_for_b)
+                    tile, cluster, split_k = WIDE_TILE, (2, 1), 1
             else:
                 split_k = split_k_for(m, n, k, (64, 128), sm_count)
                 tile = (64, 128) if split_k > 1 else None
@@ -458,7 +487,7 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
 
 
 def _config_for(m, n, k, load, cluster, tile, sm_count, schedule, split_k, stream_k,
-                store_under_mma, split_sum):
+                store_under_mma, split_sum, b_k_major=True):
     """``gemm``'s configuration: ``_shape_config``, or where an option cannot key a cache
     (a list inside ``tile``, say) ``_gemm_config`` itself, whose checks name the problem."""
     mode = (torch.are_deterministic_algorithms_enabled(),
@@ -466,17 +495,17 @@ def _config_for(m, n, k, load, cluster, tile, sm_count, schedule, split_k, strea
     try:
         key = (m, n, k, load, None if cluster is None else tuple(cluster),
                None if tile is None else tuple(tile), sm_count, schedule, split_k, stream_k,
-               store_under_mma, split_sum, mode)
+               store_under_mma, split_sum, b_k_major, mode)
         hash(key)
     except TypeError:
         return _gemm_config(m, n, load, cluster, tile, sm_count, schedule, split_k, k, stream_k,
-                            store_under_mma, split_sum)
+                            store_under_mma, split_sum, b_k_major)
     return _shape_config(*key)
 
 
 @functools.lru_cache(maxsize=4096)
 def _shape_config(m, n, k, load, cluster, tile, sm_count, schedule, split_k, stream_k,
-                  store_under_mma, split_sum, deterministic):
+                  store_under_mma, split_sum, b_k_major, deterministic):
     """``_gemm_config`` remembered per shape and options: the models behind the automatic
     choice cost 40-70 us of Python a call (256 x 6144 x 4096, 4096^3), more than some of
     the kernels they choose for, and a model's layers call one GEMM shape over and over.
@@ -485,7 +514,7 @@ def _shape_config(m, n, k, load, cluster, tile, sm_count, schedule, split_k, str
     are not cached), a warning of torch's warn-only deterministic mode comes once a shape."""
     del deterministic  # only a key: _gemm_config reads torch's mode itself
     return _gemm_config(m, n, load, cluster, tile, sm_count, schedule, split_k, k, stream_k,
-                        store_under_mma, split_sum)
+                        store_under_mma, split_sum, b_k_major)
 
 
 def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
@@ -614,6 +643,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     b_ok = _aligned_operand(b_nk, "b", allow_copy)
     if a_ok.stride(1) != 1:
         raise ValueError("a must be K-major (row-major (M, K)): an M-major A is not supported")
+    if config is None and b_ok.stride(1) != 1:  # the automatic choice for an N-major B
+        cfg = _config_for(m, n, k, load, cluster, tile, _sm_count(a.device.index), schedule,
+                          split_k, stream_k, store_under_mma, split_sum, b_k_major=False)
     check_tile_for_b(cfg, b_k_major=b_ok.stride(1) == 1)
 
     from cutetma.kernels.gemm_sm90 import HopperGemm

@@ -88,6 +88,9 @@ class GemmConfig:
     load: str = "tma"  # "tma" or "cp_async"; clusters > 1 multicast (TMA only)
     stages: int | None = None  # None: as many as shared memory holds
     raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
+    # the band's direction: True walks a band of ``raster_swizzle`` clusters along N, then
+    # the next M (consecutive clusters share A); False a band along M, then the next N
+    raster_along_m: bool = True
     # epilogue sub-tile width; None: 32, or 16 where the tile's width is an odd multiple of 16
     epi_n: int | None = None
     # shared-memory buffers of epilogue sub-tiles (pingpong: half for each warpgroup); None:
@@ -130,6 +133,9 @@ class GemmConfig:
     # 0.814 -> 0.923, 8192^3 0.989 -> 0.993; short interleaved runs over 38 shapes: 0.994x
     # serial, within their noise. ``cutetma.gemm`` turns it on wherever it applies
     store_under_mma: bool = False
+    # the L2 eviction priority A's and B's TMA loads carry: None passes the DSL's default
+    # (policy 0), "normal" / "first" / "last" CUTLASS's createpolicy encodings (tma.POLICIES)
+    load_hint: str | None = None
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -169,6 +175,10 @@ class GemmConfig:
                                  "whole 8-row swizzle atoms")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if self.load_hint is not None and (self.load_hint not in tma.POLICIES
+                                           or self.load != "tma"):
+            raise ValueError(f"load_hint={self.load_hint!r}: None or one of "
+                             f"{sorted(tma.POLICIES)}, for TMA loads")
         if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
             raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
         if self.schedule not in ("cooperative", "pingpong"):
@@ -394,7 +404,8 @@ class HopperGemm:
         tiles_mnl = (cute.ceil_div(mC.shape[0], cfg.tile_m),
                      cute.ceil_div(mC.shape[1], cfg.tile_n), cfg.split_k)
         sched = utils.PersistentTileSchedulerParams(
-            tiles_mnl, (cfg.cluster_m, cfg.cluster_n, 1), cfg.raster_swizzle, True)
+            tiles_mnl, (cfg.cluster_m, cfg.cluster_n, 1), cfg.raster_swizzle,
+            cfg.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
         if cutlass.const_expr(cfg.stream_k):  # every SM: the last waves' k-tiles are shared
             grid = (max_active_clusters, 1, 1)
@@ -512,18 +523,23 @@ class HopperGemm:
         a_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=1)
         b_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=0)
 
+        hint = {} if cfg.load_hint is None else {
+            "cache_policy": cutlass.Int64(tma.POLICIES[cfg.load_hint])}
+
         def load_stage(m, n, k, state):
             bar = pipe.producer_get_barrier(state)
             if cutlass.const_expr(cfg.cluster_n > 1):
                 cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
-                          tma_bar_ptr=bar, mcast_mask=a_mask)
+                          tma_bar_ptr=bar, mcast_mask=a_mask, **hint)
             else:
-                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                          **hint)
             if cutlass.const_expr(cfg.cluster_m > 1):
                 cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
-                          tma_bar_ptr=bar, mcast_mask=b_mask)
+                          tma_bar_ptr=bar, mcast_mask=b_mask, **hint)
             else:
-                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                          **hint)
 
         self._produce(pipe, k_tiles, sched, load_stage)
 
