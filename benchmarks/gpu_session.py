@@ -9,6 +9,29 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 17's calls (6 calls, 1,414 s; ``.gpu/run1.sh`` .. ``run4.sh``; ``MC`` as below)::
+
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "clusters_of_four_and_eight or \
+        wide_multicast"                                                         # 107 s
+    python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_narrow --shapes \
+        256x1536 512x1536 2048x512 --ks 2560 5120 10240 --kernels ours \
+        ours:tile=64x64,load=tma_multicast,cluster=2x4 ...                      # 30 s
+    python benchmarks/gemm_profile.py --compare gemm_ncu_2048x512.json 2048x512x5120 \
+        cublas ours ours:tile=64x128,$MC                                        # 40 s
+    python benchmarks/gemm_profile.py --source OUT 2048x512x5120/tile=64x128,$MC
+    python benchmarks/gemm_ab.py --rounds 2 --name gemm_mirror_m256_512 --cells <the 36
+        M = 256 / 512 shapes> --kernels ours ours:mirror=cublas                 # 43 s
+    python benchmarks/gemm_ab.py --rounds 2 --name gemm_mirror_m2048 --kernels ours \
+        ours:mirror=cublas ours:$MC                                             # 90 s
+    python benchmarks/gemm_kernel_times.py --name gemm_raster_k5120 --ks 5120 --shapes \
+        <7 shapes> --kernels ours ours:raster_swizzle=1 --graph-rounds 2        # 30 s
+    python benchmarks/gemm.py --cells 2048x5120x5120 2048x7680x5120 2048x5120x16384 \
+        2048x5120x12288 --name gemm_wide_cells                                  # 93 s
+    python benchmarks/gemm.py --merge gemm.json gemm_wide_cells.json            # no GPU
+
+Next: why cuBLAS needs a third fewer L2 sectors than ours at the same tile and cluster
+(PERF_NOTES, session 17).
+
 Session 16's calls (6 calls, 1,630 s; ``MC=load=tma_multicast,cluster=2x1``)::
 
     python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_m256 --shapes 256x6144 \

@@ -521,7 +521,14 @@ def raster_band(n: int, tile_n: int, cluster_n: int) -> int:
     """Clusters per rasterization band: the largest of 8, 4, 2, 1 that divides the clusters
     along N. The scheduler rounds that count up to a whole band, and every phantom tile it
     adds is a CTA's worth of wasted work (N = 512 in 128-wide tiles padded to 8 tiles ran at
-    a third of cuBLAS's speed on the H200, benchmarks/results/gemm.json, 2026-11-30)."""
+    a third of cuBLAS's speed on the H200, benchmarks/results/gemm.json, 2026-11-30).
+
+    Within one wave, where the band only decides which SM runs which tile, a band of 1
+    (consecutive clusters share B) measured 15% faster at 2048 x 512 x 5120 (the default
+    64 x 128: 23.8 -> 20.3 us, cuBLAS 19.0; in (2, 1) clusters 0.233 -> 0.220 us a k-tile)
+    but 15% slower at 512 x 1536 x 5120 and 7% at 256 x 12288 x 5120
+    (gemm_raster_k5120.json, gemm_kernel_times_raster.json, 2026-12-02): no rule found
+    yet, the band stays."""
     clusters_n = math.ceil(math.ceil(n / tile_n) / cluster_n)
     return next(s for s in (8, 4, 2, 1) if clusters_n % s == 0)
 
@@ -560,11 +567,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``"cp_async"``, the same kernel with its producer swapped. With ``"tma"`` and no
     ``cluster``, ``tile`` or ``split_k``, M from 129 to 512 may run 128 x 128 tiles, or
     the narrowest (64 to 112 wide) that fill one wave, in (2, 1) clusters that multicast B,
-    where a model measured on the H200 says that is faster (``multicast_tile``);
-    ``cluster=(1, 1)`` keeps one CTA per cluster. At M <= 512 an unsplit 128 x 256 tile
-    narrows to the width with as many waves (``auto_tile_and_split``). ``tile`` (tile_m,
-    tile_n): tile_m 64 or 128, tile_n a multiple of 16 from 64 to 384 (wider than 256: K
-    whole and the serial epilogue).
+    where a model measured on the H200 says that is faster (``multicast_tile``), and
+    larger M (an even count of 128-row tiles, B K-major) 128 x 320 tiles in (2, 1) clusters
+    where 128 x 256 tiles would fill the last wave badly (``wide_multicast_pays``: 2048 x
+    5120, 2048 x 7680, as cuBLAS there); ``cluster=(1, 1)`` keeps one CTA per cluster. At
+    M <= 512 an unsplit 128 x 256 tile narrows to the width with as many waves
+    (``auto_tile_and_split``). ``tile`` (tile_m, tile_n): tile_m 64 or 128, tile_n a
+    multiple of 16 from 64 to 384 (wider than 256: K whole and the serial epilogue).
+    ``cluster`` (cluster_m, cluster_n): each 1, 2 or 4, at most 8 CTAs; A is multicast to
+    the cluster_n CTAs of a row, B to the cluster_m of a column (``load="tma_multicast"``).
     Runs on the current CUDA stream. Operands whose strides or base break TMA's 16-byte
     rule are copied into an aligned buffer (``allow_copy=False`` refuses them instead).
     ``schedule``: ``"cooperative"`` (both consumer warpgroups on each 128-row tile) or
