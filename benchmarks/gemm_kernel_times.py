@@ -39,7 +39,8 @@ from gemm_sustained import parse_kernel  # noqa: E402
 
 # GemmConfig fields, not gemm keywords
 CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "load_hint", "raster_swizzle",
-                 "raster_along_m")
+                 "raster_along_m", "multicast_a", "multicast_b")
+BOOL_FIELDS = ("raster_along_m", "multicast_a", "multicast_b")  # given as 0 / 1
 FLUSH_BYTES = 256 << 20  # larger than the H200's L2 (50 MB), as triton.testing.do_bench
 
 
@@ -50,8 +51,9 @@ def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
     from cutetma import ops
 
     fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
-    if "raster_along_m" in fields:
-        fields["raster_along_m"] = bool(fields["raster_along_m"])
+    for key in BOOL_FIELDS:
+        if key in fields:
+            fields[key] = bool(fields[key])
     if not fields:
         return None
     kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}

@@ -67,7 +67,14 @@ COMPARE_METRICS = METRICS + [
     "lts__t_sectors_srcunit_ltcfabric.sum",
     "lts__t_sectors_srcunit_tex_lookup_hit.sum",
     "lts__t_sectors_op_read.sum",
+    # the grid as launched: persistent or not, cluster shape, resources
+    "launch__grid_size", "launch__block_size", "launch__cluster_dim_x", "launch__cluster_dim_y",
+    "launch__registers_per_thread", "launch__shared_mem_per_block_dynamic",
 ]
+# Hopper's L2 request coalescer (LRC) sits in front of the L2 slices, merges reads of the same
+# sector and serves multicast: its counters (whatever this ncu names ``lrc__*``) say whether
+# loads the L2 never saw were merged there (``--compare``)
+COALESCER_PREFIX = "lrc__"
 DEFAULT_SPECS = ("ours:load=tma", "ours:load=cp_async", "cublas")
 
 
@@ -101,6 +108,17 @@ def find_ncu() -> str | None:
     return shutil.which("ncu") or (str(found[-1]) if found else None)
 
 
+def counters_named(ncu: str, prefix: str) -> tuple[list[str], list[str]]:
+    """The counters (``# of ...`` in ``--query-metrics``) whose names start with ``prefix``,
+    as ``name.sum``, and every listing line with that prefix (for the record)."""
+    proc = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
+    lines = [line.strip() for line in proc.stdout.splitlines()
+             if line.strip().startswith(prefix)]
+    counters = [line.split()[0] + ".sum" for line in lines
+                if len(line.split()) > 1 and line.split()[1].startswith(("#", "Counter"))]
+    return counters, lines
+
+
 def supported(ncu: str, metrics):
     """``metrics`` less those this ncu and GPU do not know (``--query-metrics``), so one
     misspelt or missing counter costs its column, not the whole profile; names them."""
@@ -108,7 +126,8 @@ def supported(ncu: str, metrics):
     known = set(re.findall(r"^\s*(\w+)", proc.stdout, re.M))
     if proc.returncode or not known:
         return list(metrics)  # nothing to check against: let ncu say
-    kept = [m for m in metrics if m.split(".")[0] in known]
+    # launch__* (the grid as launched) are not in the listing, and every ncu knows them
+    kept = [m for m in metrics if m.split(".")[0] in known or m.startswith("launch__")]
     if len(kept) < len(metrics):
         print("ncu does not know:", sorted(set(metrics) - set(kept)))
     return kept
@@ -208,14 +227,20 @@ def profile_source(out_dir: Path, prefix: str, name: str, workload_args, describ
 
 
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
-            order=("ours_tma", "ours_cp_async", "cublas"), workload_args=()) -> int:
+            order=("ours_tma", "ours_cp_async", "cublas"), workload_args=(),
+            families=()) -> int:
     """ncu over ``script --workload *workload_args`` (its launches inside the NVTX range
     "profile"), the ``metrics`` of each launch as a JSON table in ``out``; ``order`` names
-    the launches."""
+    the launches. ``families``: name prefixes whose counters join ``metrics`` (their
+    listing is kept in the JSON)."""
     ncu = find_ncu()
     if not ncu:
         print("ncu not found")
         return 1
+    listed = {}
+    for prefix in families:
+        counters, listed[prefix] = counters_named(ncu, prefix)
+        metrics = list(metrics) + counters
     metrics = supported(ncu, metrics)
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
            "--metrics", ",".join(metrics), "--csv", "--page", "raw",
@@ -229,7 +254,7 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
 
     command = " ".join(cmd[:-3 - len(workload_args)])
     out.write_text(json.dumps({"meta": results.meta(command), "rows": table,
-                               "order": list(order),
+                               "order": list(order), "families": listed,
                                "stdout_tail": proc.stdout[-3000:],
                                "stderr_tail": proc.stderr[-2000:]}, indent=1))
     for r in table:
@@ -328,7 +353,8 @@ def run_compare(out: Path, args) -> int:
     """``--compare``: ``COMPARE_METRICS`` of each spec's launch at one shape."""
     (m, n, k), dtype, specs = parse_compare(args)
     return run_ncu(out, metrics=COMPARE_METRICS, order=specs,
-                   workload_args=[f"{m}x{n}x{k}", dtype, *specs])
+                   workload_args=[f"{m}x{n}x{k}", dtype, *specs],
+                   families=(COALESCER_PREFIX,))
 
 
 if __name__ == "__main__":

@@ -57,15 +57,23 @@ def parse_kernel(spec: str) -> dict | None:
 
 def contender(kwargs: dict | None, a, b):
     """The callable a spec names: cuBLAS (``None``), NVIDIA's example (``peer="nvidia"``)
-    or ``cutetma.gemm`` with the spec's keyword arguments."""
+    or ``cutetma.gemm`` with the spec's keyword arguments (``placed=0``: with the
+    scheduler's default raster order, ``cutetma.placement`` switched off)."""
     if kwargs is None:
         return lambda: a @ b.T
     if kwargs.get("peer") == "nvidia":
         import nvidia_peer
 
         return nvidia_peer.gemm_fn(a, b, **{k: v for k, v in kwargs.items() if k != "peer"})
-    from cutetma import ops
+    from cutetma import ops, placement
 
+    if kwargs.get("placed") == 0:  # the scheduler's default raster order, not placement's
+        rest = {key: v for key, v in kwargs.items() if key != "placed"}
+
+        def unplaced():
+            with placement.switched_off():
+                return ops.gemm(a, b, **rest)
+        return unplaced
     return lambda: ops.gemm(a, b, **kwargs)
 
 

@@ -336,6 +336,29 @@ def test_clusters_of_four_and_eight(variant):
                   trans_b=False)
 
 
+@pytest.mark.parametrize("fields", [
+    dict(tile_m=64, tile_n=128, cluster_m=2, cluster_n=4, multicast_a=False),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=2, multicast_b=False),
+], ids=_named)
+def test_cluster_that_multicasts_one_operand(fields):
+    """A cluster whose row (or column) loads its own A (B) while the other operand is
+    multicast (written 2026-12-02): each stage is released only to the CTAs that fill it.
+    Random shapes that are not multiples of the tile, and 2048 x 512 x 5120."""
+    import torch
+
+    from cutetma import ops
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    cfg = GemmConfig(**fields)
+    for m, n, k in _shapes(sum(map(ord, str(fields))), 5) + [(2048, 512, 5120)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                         dtype=torch.float16)[:, :n]
+        ops.gemm(a, b, out=out, config=cfg)
+        check(a, b, out)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_wide_multicast(dtype):
     """Where ``cutetma.gemm`` runs 128 x 320 tiles in (2, 1) clusters by itself (M > 512,
@@ -369,6 +392,27 @@ def _default_into_poisoned(m, n, k, dtype):
                          dtype=out_dtype)[:, :n]
         ops.gemm(a, b, out=out)
         check(a, b, out)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_raster_order_placed_on_this_cards_gpcs(load):
+    """``cutetma.gemm`` probes where the card puts its CTAs and reorders the tiles
+    (``cutetma.placement``; written 2026-12-02): the shapes where the H200's order changes
+    (one wave of 64 x 128 at 2048 x 512, several waves at 2048 x 6144, a 128 x 320 (2, 1)
+    grid), cut to odd sizes, into poisoned outputs; both mechanisms get the same order."""
+    import torch
+
+    from cutetma import ops, placement
+
+    for m, n, k in [(2048, 512, 5120), (2000, 6100, 1000), (2048, 5120, 777)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
+                         dtype=torch.float16)[:, :n]
+        ops.gemm(a, b, out=out, load=load)
+        check(a, b, out)
+    gpcs = placement.sm_gpcs(0)
+    assert len(gpcs) == ops._sm_count(0) and len(set(gpcs)) >= 2
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

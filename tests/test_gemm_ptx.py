@@ -45,6 +45,19 @@ def test_clusters_of_eight_multicast_both_operands_in_quarters_and_halves():
     assert cfg.num_stages() == 13  # cuBLAS's kernel there: 64x64_64x13
 
 
+def test_a_cluster_may_leave_an_operand_unshared():
+    """``multicast_a=False``: a (2, 4) cluster whose row of four CTAs each load their own A
+    (whole 64-row boxes, CTA-local) while the column pairs multicast halves of B; every
+    stage's empty barrier then counts the consumer warps of the 2 CTAs that fill it."""
+    cfg = GemmConfig(tile_m=64, tile_n=128, cluster_m=2, cluster_n=4, multicast_a=False)
+    assert (cfg.a_sharers, cfg.b_sharers) == (1, 2)
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global\S*", ptx)
+    assert [MCAST in op for op in loads] == [False, True]  # A from its own CTA, B shared
+    with pytest.raises(ValueError, match="multicasts neither"):
+        GemmConfig(cluster_m=1, cluster_n=2, multicast_a=False)
+
+
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
 def test_cp_async_variant(dtype):
     ptx = kernels.compile_gemm(GemmConfig(load="cp_async"), dtype).ptx

@@ -153,6 +153,19 @@ def test_timer_calibration():
     assert _timers(text) == (2, 2)  # globaltimer: start, end; clock64: start, the spin
 
 
+@pytest.mark.parametrize("cluster", [1, 16])
+def test_placement_probe_reads_the_sm_and_the_cluster_rank(cluster):
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    text = dsl.compile_ptx(mb.PlacementProbe(cluster),
+                           make_fake_compact_tensor(cutlass.Int32, (132, 4)), cutlass.Int64(0),
+                           make_fake_stream()).ptx
+    assert "%smid" in text and "%cluster_ctarank" in text and "%globaltimer_lo" in text
+    with pytest.raises(ValueError, match="cluster=17"):
+        mb.PlacementProbe(17)
+
+
 # ------------------------------------------------------------------ configs
 def test_tile_shape():
     assert mb.tile_shape(512, cols=128) == (1, 128)

@@ -13,6 +13,7 @@ shape does not recompile.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -663,6 +664,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
     tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
     clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
+    if config is None:  # the raster order for where this card puts the grid's CTAs
+        cfg = _placed(cfg, m, n, k, a.device.index or 0, clusters)
     workspace = ()
     tile_elems = cfg.tile_m * cfg.tile_n
     if cfg.stream_k:  # a slot and a ready flag per CTA
@@ -679,6 +682,33 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, stream, *workspace)
     kernel(*tensors, stream, *workspace)  # max_active_clusters: a compile-time constant
     return result
+
+
+_PLACED: dict = {}
+
+
+def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
+    """``cfg`` with the raster order ``placement.choose_raster`` picks for the CTA -> GPC map
+    this device's dispatcher gives a grid of ``clusters`` clusters (probed once per process
+    and grid; remembered per shape). Unchanged for split-K and stream-K (their work lists
+    are not the plain raster), with ``CUTETMA_PLACEMENT=0``, and while a CUDA graph is
+    being captured (the probe launches a kernel and waits for it; that shape is placed at
+    its next call outside a capture)."""
+    from cutetma import placement
+
+    if cfg.split_k > 1 or cfg.stream_k or not placement.enabled():
+        return cfg
+    key = (cfg, m, n, k, device_index, clusters)
+    if key not in _PLACED:
+        if torch.cuda.is_current_stream_capturing():
+            return cfg
+        csize = cfg.cluster_m * cfg.cluster_n
+        grid = min(math.prod(placement.cluster_grid(m, n, cfg)), clusters)
+        gpcs = placement.cta_gpcs(csize, grid * csize, device_index)
+        l2 = getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20)
+        band, along_m = placement.choose_raster(m, n, k, cfg, gpcs, l2)
+        _PLACED[key] = dataclasses.replace(cfg, raster_swizzle=band, raster_along_m=along_m)
+    return _PLACED[key]
 
 
 def check_tile_for_b(cfg, b_k_major: bool) -> None:

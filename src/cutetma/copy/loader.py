@@ -46,7 +46,10 @@ class _Loader:
     mechanism = ""
 
     def make_pipeline(self, barriers, stages, producer_threads, consumer_warps, tx_bytes,
-                      cta_layout_vmnk=None, mcast_size=1):
+                      cta_layout_vmnk=None, mcast_size=1, mcast_mode_mn=(1, 1)):
+        """``mcast_mode_mn``: which operands the cluster multicasts (the DSL's order: the one
+        shared along N first), so a consumer releases a stage only to the CTAs whose
+        multicasts fill it; ``mcast_size`` of them, itself included."""
         from cutlass import pipeline as pl
 
         if self.mechanism == "cp_async":
@@ -60,7 +63,8 @@ class _Loader:
             barrier_storage=barriers, num_stages=stages,
             producer_group=pl.CooperativeGroup(pl.Agent.Thread),
             consumer_group=pl.CooperativeGroup(pl.Agent.Thread, consumer_warps * mcast_size),
-            tx_count=tx_bytes, cta_layout_vmnk=cta_layout_vmnk, defer_sync=True,
+            tx_count=tx_bytes, cta_layout_vmnk=cta_layout_vmnk, mcast_mode_mn=mcast_mode_mn,
+            defer_sync=True,
         )
 
     @cute.jit

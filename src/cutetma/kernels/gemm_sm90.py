@@ -136,6 +136,13 @@ class GemmConfig:
     # the L2 eviction priority A's and B's TMA loads carry: None passes the DSL's default
     # (policy 0), "normal" / "first" / "last" CUTLASS's createpolicy encodings (tma.POLICIES)
     load_hint: str | None = None
+    # whether a cluster multicasts each operand: A along its row (cluster_n CTAs), B along
+    # its column (cluster_m). False: every CTA of the row / column loads that operand itself,
+    # and the cluster only places them on one GPC at the same moment, so their identical
+    # loads reach the L2 together (an experiment: how cuBLAS reads a third fewer L2 sectors
+    # than our multicast at 2048 x 512 x 5120, PERF_NOTES session 17)
+    multicast_a: bool = True
+    multicast_b: bool = True
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -166,8 +173,8 @@ class GemmConfig:
             # 256 x 1536 x 5120 (64 x 64 tiles: A shared by 4 CTAs, B by 2)
             raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}): each of 1, 2 or "
                              "4, at most 8 CTAs")
-        for rows, sharers, what in ((self.tile_m, self.cluster_n, "tile_m / cluster_n"),
-                                    (self.mma_n, self.cluster_m, "tile_n / cluster_m")):
+        for rows, sharers, what in ((self.tile_m, self.a_sharers, "tile_m / cluster_n"),
+                                    (self.mma_n, self.b_sharers, "tile_n / cluster_m")):
             # each sharer issues 1/sharers of the operand's box (past 256 columns B's box is
             # one WGMMA's width): whole 8-row swizzle atoms, or the slices would overlap
             if rows % (8 * sharers):
@@ -179,6 +186,9 @@ class GemmConfig:
                                            or self.load != "tma"):
             raise ValueError(f"load_hint={self.load_hint!r}: None or one of "
                              f"{sorted(tma.POLICIES)}, for TMA loads")
+        if self.multicast and self.a_sharers * self.b_sharers == 1:
+            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}) multicasts neither "
+                             "operand: keep multicast_a or multicast_b")
         if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
             raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
         if self.schedule not in ("cooperative", "pingpong"):
@@ -231,6 +241,15 @@ class GemmConfig:
     @property
     def multicast(self) -> bool:
         return self.cluster_m * self.cluster_n > 1
+
+    @property
+    def a_sharers(self) -> int:
+        """CTAs that receive each A box (the cluster's row, where A is multicast)."""
+        return self.cluster_n if self.multicast_a else 1
+
+    @property
+    def b_sharers(self) -> int:
+        return self.cluster_m if self.multicast_b else 1
 
     def stage_bytes(self, elem_bytes: int = 2) -> int:
         return (self.tile_m + self.tile_n) * self.tile_k * elem_bytes
@@ -396,9 +415,9 @@ class HopperGemm:
 
         # TMA atoms: A is shared along N by cluster_n CTAs, B along M by cluster_m CTAs.
         tma_a, mA_tma = tma.load_atom(mA, cute.slice_(sA_layout, (None, None, 0)),
-                                      (cfg.tile_m, cfg.tile_k), cfg.cluster_n)
+                                      (cfg.tile_m, cfg.tile_k), cfg.a_sharers)
         tma_b, mB_tma = tma.load_atom(mB, cute.slice_(sB_layout, (None, None, 0)),
-                                      (cfg.tile_n, cfg.tile_k), cfg.cluster_m)
+                                      (cfg.tile_n, cfg.tile_k), cfg.b_sharers)
         tma_c, mC_tma = tma.store_atom(mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile)
 
         tiles_mnl = (cute.ceil_div(mC.shape[0], cfg.tile_m),
@@ -458,7 +477,8 @@ class HopperGemm:
         consumer_warps = cfg.mma_groups * 4  # the warps that read each stage
         pipe = self.loader.make_pipeline(
             storage.barriers.data_ptr(), self.stages, WARPGROUP, consumer_warps, stage_bytes,
-            cute.make_layout((1, *cta_layout.shape)), cfg.cluster_m + cfg.cluster_n - 1)
+            cute.make_layout((1, *cta_layout.shape)), cfg.a_sharers + cfg.b_sharers - 1,
+            (int(cfg.multicast_a), int(cfg.multicast_b)))
         cluster_mn = (cfg.cluster_m, cfg.cluster_n)
         pipeline.pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
 
@@ -518,8 +538,10 @@ class HopperGemm:
         gA = cute.local_tile(mA_tma, tile_mk, (None, None))
         gB = cute.local_tile(mB_tma, tile_nk, (None, None))
         # A is reused by the cluster_n CTAs of one cluster row, B by the cluster_m of a column
-        tAsA, tAgA = tma.partition(tma_a, sA, gA, cluster_crd[1], cfg.cluster_n, box_rank=2)
-        tBsB, tBgB = tma.partition(tma_b, sB, gB, cluster_crd[0], cfg.cluster_m, box_rank=2)
+        a_rank = cluster_crd[1] if cfg.multicast_a else 0
+        b_rank = cluster_crd[0] if cfg.multicast_b else 0
+        tAsA, tAgA = tma.partition(tma_a, sA, gA, a_rank, cfg.a_sharers, box_rank=2)
+        tBsB, tBgB = tma.partition(tma_b, sB, gB, b_rank, cfg.b_sharers, box_rank=2)
         a_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=1)
         b_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=0)
 
@@ -528,13 +550,13 @@ class HopperGemm:
 
         def load_stage(m, n, k, state):
             bar = pipe.producer_get_barrier(state)
-            if cutlass.const_expr(cfg.cluster_n > 1):
+            if cutlass.const_expr(cfg.a_sharers > 1):
                 cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
                           tma_bar_ptr=bar, mcast_mask=a_mask, **hint)
             else:
                 cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], tma_bar_ptr=bar,
                           **hint)
-            if cutlass.const_expr(cfg.cluster_m > 1):
+            if cutlass.const_expr(cfg.b_sharers > 1):
                 cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
                           tma_bar_ptr=bar, mcast_mask=b_mask, **hint)
             else:

@@ -51,6 +51,12 @@ barrier pairs. ``load`` picks the protocol::
   every CTA). The host times the launch with CUDA events: runtime per iteration =
   elapsed / iters. With ``check`` every CTA dumps the stage holding the last tile.
 
+``PlacementProbe``: where the hardware puts each CTA of a launch (the GEMM's persistent grid
+decides which tile runs on which SM only through the CTA index). Each CTA, padded to one per
+SM, writes ``(smid, rank in its cluster, %globaltimer_lo at its start)`` and spins ``cycles``
+clocks so that the whole grid is resident at once, as a persistent grid is. A cluster's CTAs
+share a GPC, so a launch of 16-CTA clusters names the GPCs' SMs.
+
 ``TimerCalibration``: thread 0 spins ``cycles`` SM clocks and reports the two timers, so the
 host converts clock64 deltas to ns (``%globaltimer`` ticks in steps that may be coarse).
 
@@ -534,6 +540,43 @@ class ClusterBroadcast:
         self.loader.load(atom, tAgX[(None, tile)], tAsX[(None, stage)], full + stage, mask)
 
 
+# --------------------------------------------------------------------------- CTA placement
+class PlacementProbe:
+    """``out[cta] = (smid, rank in cluster, start ns mod 2^32)``, one CTA per SM, clusters of
+    ``cluster`` CTAs along x. ``clusters_along_z``: the grid is ``(cluster, 1, clusters)``,
+    as the GEMM's persistent grid is (``out``'s row: cluster index x cluster + rank)."""
+
+    def __init__(self, cluster: int = 1, clusters_along_z: bool = False):
+        if not 1 <= cluster <= 16:  # past 8 non-portable (the DSL allows it on every kernel)
+            raise ValueError(f"cluster={cluster}: 1 to 16 CTAs")
+        self.cluster = cluster
+        self.along_z = clusters_along_z
+
+    @cute.jit
+    def __call__(self, out: cute.Tensor, cycles: cutlass.Int64, stream: cuda.CUstream):
+        grid = (out.shape[0], 1, 1)
+        if cutlass.const_expr(self.along_z):
+            grid = (self.cluster, 1, out.shape[0] // self.cluster)
+        self.kernel(out, cycles).launch(
+            grid=grid, block=(32, 1, 1), cluster=(self.cluster, 1, 1),
+            smem=launch_smem(0, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, out: cute.Tensor, cycles: cutlass.Int64):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, _, bz = cute.arch.block_idx()
+        bid = bz * self.cluster + bx
+        g0 = cute.arch.globaltimer_lo()
+        c0 = cute.arch.clock64()
+        c1 = c0
+        while c1 - c0 < cycles:  # stay resident while the rest of the grid is placed
+            c1 = cute.arch.clock64()
+        if tidx == 0:
+            out[bid, 0] = cute.arch.smid()
+            out[bid, 1] = cutlass.Int32(cute.arch.block_idx_in_cluster())
+            out[bid, 2] = g0
+
+
 # --------------------------------------------------------------------------- timer calibration
 class TimerCalibration:
     """``out = (globaltimer delta ns, clock64 delta)`` over a spin of ``cycles`` SM clocks."""
@@ -558,6 +601,6 @@ class TimerCalibration:
 
 __all__ = [
     "LatencyConfig", "StreamConfig", "BroadcastConfig", "SingleShotLatency", "StreamingLoad",
-    "ClusterBroadcast", "TimerCalibration", "tile_shape", "launch_smem",
+    "ClusterBroadcast", "TimerCalibration", "PlacementProbe", "tile_shape", "launch_smem",
     "SINGLE_SHOT_LOADS", "BROADCAST_LOADS", "CLUSTER_SIZES",
 ]

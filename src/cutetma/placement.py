@@ -1,0 +1,251 @@
+"""Which GPC each CTA of a persistent grid runs on, and the tile order that uses it.
+
+What the H200 showed (session 18; ``benchmarks/results/sm_placement.json`` and
+``gemm_ncu_lrc_*.json`` / ``gemm_ncu_raster_*.json``, ncu's ``lrc__*`` counters)::
+
+    the L2 request coalescer (LRC)   sits in front of the L2 slices and merges reads of one
+                                     sector: "programmatic" merges serve TMA multicast,
+                                     "hardware" merges join identical plain loads
+    hardware merges                  happen between SMs of one GPC: the L2 sectors a GEMM
+                                     asks for are, within 5% over seven raster orders at
+                                     512 x 1536 x 5120, the count of distinct (GPC, operand
+                                     k-tile) pairs (``l2_sectors``); 16-36% above it at
+                                     2048 x 512 x 5120, same ranking
+    the CTA dispatcher               deals a grid's CTAs round-robin over the GPCs, a TPC at
+                                     a time (CTA i and i + 1 on different GPCs), the same
+                                     way every launch; a CTA's SM is its index's, not its
+                                     tile's
+
+So the static scheduler's raster order (``GemmConfig.raster_swizzle`` / ``raster_along_m``)
+decides how many GPCs read each A row block and B column block at once. At 2048 x 512 x 5120
+(64 x 128 tiles, one wave) a band of one cluster along M instead of four along N cut the L2
+sectors 5.3 M -> 4.0 M and the kernel 23.6 -> 20.4 us (cuBLAS 19.7); at M = 2048 with N of
+5120-14336 it gained 1-2%; at 8192^3 the same band lost 4%: a wave then spans all of A (64
+MB) and the L2 (50 MB) no longer holds a wave's operands for the next (DRAM, not the L2's
+requests, sets the pace). ``choose_raster`` therefore takes the order with the fewest
+modelled L2 sectors among those that read no more from DRAM than the default
+(``dram_bytes``: what a wave finds of the previous wave's operands in the L2).
+
+The GPC of each CTA comes from ``PlacementProbe`` runs on the device itself (floorswept
+chips differ: this H200 has GPCs of 18, 16 and 8 SMs), once per process and cluster size;
+without a GPU, or with ``CUTETMA_PLACEMENT=0``, nothing is probed and the default order
+stays. The order only moves tiles between CTAs: every tile is computed whatever the map
+says, so a wrong map costs speed, never results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+
+# clusters whose CTAs are co-resident on one GPC, so each launch names GPCs' SMs: 16 fills a
+# 16-18 SM GPC, 8 the H200's 8-SM GPC, 6 tiles 18 SMs exactly
+GPC_PROBE_CLUSTERS = (16, 8, 6)
+SPIN_CYCLES = 200_000  # each probe CTA stays ~0.1 ms: the whole grid is resident at once
+BANDS = (1, 2, 4, 8)
+
+
+def enabled() -> bool:
+    return os.environ.get("CUTETMA_PLACEMENT", "1") not in ("0", "off", "false")
+
+
+@contextlib.contextmanager
+def switched_off():
+    """``cutetma.gemm`` keeps the default raster order inside (A/B benchmarks)."""
+    before = os.environ.get("CUTETMA_PLACEMENT")
+    os.environ["CUTETMA_PLACEMENT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUTETMA_PLACEMENT"]
+        else:
+            os.environ["CUTETMA_PLACEMENT"] = before
+
+
+# ----------------------------------------------------------------------------- the probe
+def probe(cluster: int, ctas: int, device_index: int = 0) -> list[tuple[int, int, int]]:
+    """``(smid, rank in cluster, start ns mod 2^32)`` of each CTA of one ``PlacementProbe``
+    launch: ``ctas`` CTAs, one per SM, clusters of ``cluster`` along x, the clusters along z
+    (the GEMM's grid)."""
+    import torch
+
+    from cutetma import dsl, ops
+    from cutetma.kernels import microbench as mb
+
+    _, cute = dsl.cutlass()
+    from cutlass.cute.runtime import from_dlpack
+
+    with torch.cuda.device(device_index):
+        out = torch.full((ctas, 4), -1, dtype=torch.int32, device="cuda")
+        tensor = from_dlpack(out, assumed_align=16).mark_layout_dynamic(leading_dim=1)
+        stream = ops._stream(device_index)
+        key = ("placement_probe", cluster)
+        kernel = ops._compiled(key, lambda: mb.PlacementProbe(cluster, True), tensor,
+                               SPIN_CYCLES, stream)
+        kernel(tensor, SPIN_CYCLES, stream)
+        torch.cuda.synchronize()
+        return [tuple(r) for r in out[:, :3].cpu().tolist()]
+
+
+def gpcs_from_clusters(launches: list[tuple[int, list[int]]], sm_count: int) -> list[int]:
+    """GPC index of each SM (0, 1, ... in order of first sight; -1 where no launch covered
+    it) from launches of clusters: ``(cluster size, SM of each CTA)``. A cluster's CTAs share
+    a GPC, whether they ran in the first wave or a later one (union-find)."""
+    parent = list(range(sm_count))
+
+    def root(s):
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    seen = set()
+    for size, sms in launches:
+        for first in range(0, len(sms) - size + 1, size):
+            members = sms[first:first + size]
+            seen.update(members)
+            for s in members[1:]:
+                parent[root(s)] = root(members[0])
+    names: dict[int, int] = {}
+    return [names.setdefault(root(s), len(names)) if s in seen else -1
+            for s in range(sm_count)]
+
+
+@functools.cache
+def sm_gpcs(device_index: int = 0) -> tuple[int, ...]:
+    """GPC of every SM of the device, from ``GPC_PROBE_CLUSTERS`` launches (an SM none of
+    them reached: its own group, numbered past the GPCs)."""
+    from cutetma import ops
+
+    sm_count = ops._sm_count(device_index)
+    launches = []
+    for size in GPC_PROBE_CLUSTERS:
+        try:
+            rows = probe(size, sm_count // size * size, device_index)
+        except Exception:  # a cluster size this card or driver refuses names nothing
+            continue
+        launches.append((size, [sm for sm, _, _ in rows]))
+    gpc = gpcs_from_clusters(launches, sm_count)
+    spare = max(gpc) + 1
+    return tuple(g if g >= 0 else spare + s for s, g in enumerate(gpc))
+
+
+@functools.cache
+def cta_gpcs(cluster_size: int, ctas: int, device_index: int = 0) -> tuple[int, ...]:
+    """GPC of each CTA index of a persistent grid of ``ctas`` CTAs in clusters of
+    ``cluster_size`` (the dispatcher's placement, probed)."""
+    gpc = sm_gpcs(device_index)
+    return tuple(gpc[sm] for sm, _, _ in probe(cluster_size, ctas, device_index))
+
+
+# ----------------------------------------------------------------------------- the model
+def cluster_order(clusters_m: int, clusters_n: int, band: int, along_m: bool):
+    """The static persistent scheduler's cluster coordinates ``(m, n)`` for each linear work
+    index (``PersistentTileSchedulerParams``): a band of ``band`` clusters walked along N
+    (``along_m``: consecutive clusters share A's row block), then the next M, then the next
+    band; ``along_m=False`` the same with M and N swapped. A band of 1 walks M first
+    (``along_m``) or N first. A band that does not divide its dimension pads it."""
+    order = []
+    if band == 1:
+        for i in range(clusters_m * clusters_n):
+            order.append((i % clusters_m, i // clusters_m) if along_m
+                         else (i // clusters_n, i % clusters_n))
+        return order
+    if along_m:
+        padded_n = -(-clusters_n // band) * band
+        for i in range(clusters_m * padded_n):
+            order.append(((i // band) % clusters_m, i // (band * clusters_m) * band + i % band))
+    else:
+        padded_m = -(-clusters_m // band) * band
+        for i in range(padded_m * clusters_n):
+            order.append((i // (band * clusters_n) * band + i % band, (i // band) % clusters_n))
+    return order
+
+
+def cluster_grid(m: int, n: int, cfg) -> tuple[int, int]:
+    """Clusters along M and N that cover the output's tiles."""
+    tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
+    return math.ceil(tiles_m / cfg.cluster_m), math.ceil(tiles_n / cfg.cluster_n)
+
+
+def _waves(m, n, cfg, grid_clusters, band, along_m):
+    """Per wave (the work indices the grid's clusters hold at once), the GPC-tagged tiles:
+    ``[(wave, cta in grid, tile_m index, tile_n index), ...]``."""
+    tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
+    cm, cn = cfg.cluster_m, cfg.cluster_n
+    order = cluster_order(*cluster_grid(m, n, cfg), band, along_m)
+    for j, (mc, nc) in enumerate(order):
+        cluster, wave = j % grid_clusters, j // grid_clusters
+        for rank in range(cm * cn):
+            tm, tn = mc * cm + rank % cm, nc * cn + rank // cm
+            if tm < tiles_m and tn < tiles_n:
+                yield wave, cluster * cm * cn + rank, tm, tn
+
+
+def l2_sectors(m, n, k, cfg, gpcs, band, along_m, elem_bytes: int = 2) -> int:
+    """32-byte L2 sectors the GEMM asks for if the coalescer merges every read of one
+    operand k-tile by the CTAs of one GPC in one wave (multicast within a cluster is such a
+    merge too): distinct (wave, GPC, A row block) and (wave, GPC, B column block) pairs, by
+    the box sizes and the k-tiles. ``gpcs``: GPC of each CTA index of the grid."""
+    grid_clusters = len(gpcs) // (cfg.cluster_m * cfg.cluster_n)
+    readers_a, readers_b = set(), set()
+    for wave, cta, tm, tn in _waves(m, n, cfg, grid_clusters, band, along_m):
+        readers_a.add((wave, gpcs[cta], tm))
+        readers_b.add((wave, gpcs[cta], tn))
+    k_tiles = -(-k // cfg.tile_k)
+    per_row = cfg.tile_k * elem_bytes // 32
+    return (len(readers_a) * cfg.tile_m + len(readers_b) * cfg.tile_n) * per_row * k_tiles
+
+
+def dram_bytes(m, n, k, cfg, grid_clusters, band, along_m, l2_bytes: int,
+               elem_bytes: int = 2) -> int:
+    """Operand bytes read from DRAM if a wave finds in the L2 what the wave before it read
+    (when that fitted in the L2) and nothing older: each wave's A row blocks and B column
+    blocks (all of K) less the previous wave's. Ranks what the H200 measured: at 2048 x
+    14336 x 4096, 134 MB for bands along M, 299 MB for the default band of 8 and 845 MB
+    for a band of 1 along N (kernel 315 / 320 / 354 us); at 8192^3-like shapes the default
+    band of 8 reads the least (386 MB against 648 for 4, 1172 for 1: 737 / 745 / 770 us)."""
+    blocks: dict[int, set] = {}
+    for wave, _, tm, tn in _waves(m, n, cfg, grid_clusters, band, along_m):
+        blocks.setdefault(wave, set()).update({("a", tm), ("b", tn)})
+
+    def size(group):
+        rows = sum(cfg.tile_m if side == "a" else cfg.tile_n for side, _ in group)
+        return rows * k * elem_bytes
+
+    total, before = 0, set()
+    for wave in sorted(blocks):
+        held = before if size(before) <= l2_bytes else set()
+        total += size(blocks[wave] - held)
+        before = blocks[wave]
+    return total
+
+
+def raster_candidates(m, n, cfg):
+    """(band, along_m) pairs that pad no dimension (no phantom tiles)."""
+    clusters_m, clusters_n = cluster_grid(m, n, cfg)
+    for band in BANDS:
+        for along_m in (True, False):
+            if band == 1 or (clusters_n if along_m else clusters_m) % band == 0:
+                yield band, along_m
+
+
+def choose_raster(m, n, k, cfg, gpcs, l2_bytes: int, margin: float = 0.97):
+    """``(band, along_m)``: the order with the fewest ``l2_sectors`` among those that read
+    no more from DRAM (``dram_bytes``) than the default (``cfg``'s own); the default unless
+    another is ``margin`` below it."""
+    grid_clusters = len(gpcs) // (cfg.cluster_m * cfg.cluster_n)
+    default = (cfg.raster_swizzle, cfg.raster_along_m)
+    limit = dram_bytes(m, n, k, cfg, grid_clusters, *default, l2_bytes)
+    best, best_sectors = default, l2_sectors(m, n, k, cfg, gpcs, *default) * margin
+    for order in raster_candidates(m, n, cfg):
+        if order == default or dram_bytes(m, n, k, cfg, grid_clusters, *order,
+                                          l2_bytes) > limit:
+            continue
+        sectors = l2_sectors(m, n, k, cfg, gpcs, *order)
+        if sectors < best_sectors:
+            best, best_sectors = order, sectors
+    return best

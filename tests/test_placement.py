@@ -1,0 +1,104 @@
+"""The CTA placement model: the scheduler's order as the DSL computes it, GPCs named from
+cluster launches, the L2-sector model, and the raster order it picks on the H200's measured
+placement (benchmarks/results/sm_placement.json)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cutetma import placement
+from cutetma.kernels.gemm_sm90 import GemmConfig
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def _dsl_order(clusters_m, clusters_n, band, along_m):
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils as utils
+
+    coords = []
+
+    @cute.jit
+    def walk():
+        params = utils.PersistentTileSchedulerParams((clusters_m, clusters_n, 1), (1, 1, 1),
+                                                     band, along_m)
+        layout = params.problem_layout_ncluster_mnl
+        for i in cutlass.range_constexpr(cute.size(layout)):
+            m, n, _ = layout.get_flat_coord(i)
+            coords.append((int(m), int(n)))
+
+    walk()
+    return coords
+
+
+@pytest.mark.parametrize("clusters_m,clusters_n,band,along_m", [
+    (16, 4, 4, True), (8, 12, 4, True), (8, 12, 2, False), (32, 4, 8, False), (6, 8, 2, True),
+])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cluster_order_is_the_schedulers(clusters_m, clusters_n, band, along_m):
+    """Bands of 2 and more: the scheduler's own layout, inverted on the host. (A band of 1
+    takes the scheduler's divmod path: M first along M, N first otherwise.)"""
+    assert placement.cluster_order(clusters_m, clusters_n, band, along_m) == _dsl_order(
+        clusters_m, clusters_n, band, along_m)
+    assert placement.cluster_order(4, 3, 1, True)[:5] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
+    assert placement.cluster_order(4, 3, 1, False)[:4] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+def test_gpcs_are_named_by_the_clusters_that_share_them():
+    # SMs 0-3 and 4-7 in two GPCs; a later cluster of 2 joins 8 to GPC of 4; 9 is never seen
+    launches = [(4, [0, 1, 2, 3, 4, 5, 6, 7]), (2, [5, 8])]
+    assert placement.gpcs_from_clusters(launches, 10) == [0, 0, 0, 0, 1, 1, 1, 1, 1, -1]
+
+
+def test_l2_sectors_count_one_read_per_gpc_and_wave():
+    """2 x 2 tiles of 128 x 128, K = 64 (one k-tile; a 128-row box is 512 sectors): on one
+    GPC each of A's 2 row blocks and B's 2 column blocks is read once; on four GPCs each
+    block twice, whatever the order."""
+    cfg = GemmConfig(tile_m=128, tile_n=128)
+    box = 128 * 64 * 2 // 32
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0, 0, 0), 1, True) == 4 * box
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 2, 3), 1, True) == 8 * box
+    # two GPCs: CTAs 0, 2 and 1, 3; M first puts A's blocks on both, B's on one each
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 0, 1), 1, True) == 6 * box
+    # two waves of a 2-CTA grid never merge across the waves
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0), 1, True) == 6 * box
+
+
+def _h200_gpcs(ctas: int, cluster: int = 1):
+    """GPC of each of the first ``ctas`` CTAs of a full grid (a smaller grid's CTAs went to
+    the same SMs as a full one's first)."""
+    doc = json.loads((RESULTS / "sm_placement.json").read_text())
+    gpc = doc["gpc_of_sm"]
+    row = next(r for r in doc["rows"] if r["cluster"] == cluster and r["ctas"] == 132)
+    return tuple(gpc[sm] if gpc[sm] >= 0 else 100 + sm for sm in row["sm"][:ctas])
+
+
+@pytest.mark.parametrize("mnk,tile,default,chosen", [
+    # one wave of 64 x 128: B's 32 readers per column block on few GPCs (measured 23.6 ->
+    # 20.4 us, cuBLAS 19.7: gemm_raster_gpc_k5120.json)
+    ((2048, 512, 5120), (64, 128), (4, True), (1, True)),
+    # the default already has the fewest sectors (band 1 measured 17.8 -> 22.7 us)
+    ((512, 1536, 5120), (64, 128), (4, True), (4, True)),
+    # M = 2048, several waves: a band of 2 (band 1 and 2 both measured 1-2% faster)
+    ((2048, 6144, 4096), (128, 256), (8, True), (2, True)),
+    # 8192^3-like: bands of 1 and 4 read 3x / 1.7x as much from DRAM (measured 4% / 1%
+    # slower): kept
+    ((8192, 8192, 4096), (128, 256), (8, True), (8, True)),
+])
+def test_the_raster_order_chosen_on_the_h200s_placement(mnk, tile, default, chosen):
+    m, n, k = mnk
+    cfg = GemmConfig(tile_m=tile[0], tile_n=tile[1], raster_swizzle=default[0],
+                     raster_along_m=default[1])
+    clusters_m, clusters_n = placement.cluster_grid(m, n, cfg)
+    gpcs = _h200_gpcs(min(clusters_m * clusters_n, 132))
+    assert placement.choose_raster(m, n, k, cfg, gpcs, 50 << 20) == chosen
+
+
+def test_placement_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("CUTETMA_PLACEMENT", "0")
+    assert not placement.enabled()
+    monkeypatch.setenv("CUTETMA_PLACEMENT", "1")
+    assert placement.enabled()
