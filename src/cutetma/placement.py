@@ -40,6 +40,8 @@ import functools
 import math
 import os
 
+import numpy as np
+
 # clusters whose CTAs are co-resident on one GPC, so each launch names GPCs' SMs: 16 fills a
 # 16-18 SM GPC, 8 the H200's 8-SM GPC, 6 tiles 18 SMs exactly
 GPC_PROBE_CLUSTERS = (16, 8, 6)
@@ -143,26 +145,21 @@ def cta_gpcs(cluster_size: int, ctas: int, device_index: int = 0) -> tuple[int, 
 
 # ----------------------------------------------------------------------------- the model
 def cluster_order(clusters_m: int, clusters_n: int, band: int, along_m: bool):
-    """The static persistent scheduler's cluster coordinates ``(m, n)`` for each linear work
-    index (``PersistentTileSchedulerParams``): a band of ``band`` clusters walked along N
-    (``along_m``: consecutive clusters share A's row block), then the next M, then the next
-    band; ``along_m=False`` the same with M and N swapped. A band of 1 walks M first
-    (``along_m``) or N first. A band that does not divide its dimension pads it."""
-    order = []
+    """The static persistent scheduler's cluster coordinates for each linear work index
+    (``PersistentTileSchedulerParams``), as two arrays ``(m, n)``: a band of ``band``
+    clusters walked along N (``along_m``: consecutive clusters share A's row block), then
+    the next M, then the next band; ``along_m=False`` the same with M and N swapped. A band
+    of 1 walks M first (``along_m``) or N first. A band that does not divide its dimension
+    pads it (indices past the grid)."""
     if band == 1:
-        for i in range(clusters_m * clusters_n):
-            order.append((i % clusters_m, i // clusters_m) if along_m
-                         else (i // clusters_n, i % clusters_n))
-        return order
+        i = np.arange(clusters_m * clusters_n)
+        return (i % clusters_m, i // clusters_m) if along_m else (i // clusters_n,
+                                                                  i % clusters_n)
     if along_m:
-        padded_n = -(-clusters_n // band) * band
-        for i in range(clusters_m * padded_n):
-            order.append(((i // band) % clusters_m, i // (band * clusters_m) * band + i % band))
-    else:
-        padded_m = -(-clusters_m // band) * band
-        for i in range(padded_m * clusters_n):
-            order.append((i // (band * clusters_n) * band + i % band, (i // band) % clusters_n))
-    return order
+        i = np.arange(clusters_m * -(-clusters_n // band) * band)
+        return (i // band) % clusters_m, i // (band * clusters_m) * band + i % band
+    i = np.arange(-(-clusters_m // band) * band * clusters_n)
+    return i // (band * clusters_n) * band + i % band, (i // band) % clusters_n
 
 
 def cluster_grid(m: int, n: int, cfg) -> tuple[int, int]:
@@ -172,17 +169,17 @@ def cluster_grid(m: int, n: int, cfg) -> tuple[int, int]:
 
 
 def _waves(m, n, cfg, grid_clusters, band, along_m):
-    """Per wave (the work indices the grid's clusters hold at once), the GPC-tagged tiles:
-    ``[(wave, cta in grid, tile_m index, tile_n index), ...]``."""
+    """Every tile as four arrays: the wave that computes it (the work indices the grid's
+    clusters hold at once), the CTA index in the grid, its row and its column of tiles."""
     tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
     cm, cn = cfg.cluster_m, cfg.cluster_n
-    order = cluster_order(*cluster_grid(m, n, cfg), band, along_m)
-    for j, (mc, nc) in enumerate(order):
-        cluster, wave = j % grid_clusters, j // grid_clusters
-        for rank in range(cm * cn):
-            tm, tn = mc * cm + rank % cm, nc * cn + rank // cm
-            if tm < tiles_m and tn < tiles_n:
-                yield wave, cluster * cm * cn + rank, tm, tn
+    mc, nc = cluster_order(*cluster_grid(m, n, cfg), band, along_m)
+    j = np.repeat(np.arange(len(mc)), cm * cn)
+    rank = np.tile(np.arange(cm * cn), len(mc))
+    tm, tn = np.repeat(mc, cm * cn) * cm + rank % cm, np.repeat(nc, cm * cn) * cn + rank // cm
+    keep = (tm < tiles_m) & (tn < tiles_n)
+    cta = (j % grid_clusters) * cm * cn + rank
+    return (j // grid_clusters)[keep], cta[keep], tm[keep], tn[keep]
 
 
 def l2_sectors(m, n, k, cfg, gpcs, band, along_m, elem_bytes: int = 2) -> int:
@@ -191,13 +188,12 @@ def l2_sectors(m, n, k, cfg, gpcs, band, along_m, elem_bytes: int = 2) -> int:
     merge too): distinct (wave, GPC, A row block) and (wave, GPC, B column block) pairs, by
     the box sizes and the k-tiles. ``gpcs``: GPC of each CTA index of the grid."""
     grid_clusters = len(gpcs) // (cfg.cluster_m * cfg.cluster_n)
-    readers_a, readers_b = set(), set()
-    for wave, cta, tm, tn in _waves(m, n, cfg, grid_clusters, band, along_m):
-        readers_a.add((wave, gpcs[cta], tm))
-        readers_b.add((wave, gpcs[cta], tn))
-    k_tiles = -(-k // cfg.tile_k)
+    wave, cta, tm, tn = _waves(m, n, cfg, grid_clusters, band, along_m)
+    gpc = np.asarray(gpcs, dtype=np.int64)[cta]
+    place = (wave * (gpc.max() + 1) + gpc) * (max(tm.max(), tn.max()) + 1)  # one key a pair
+    readers_a, readers_b = len(np.unique(place + tm)), len(np.unique(place + tn))
     per_row = cfg.tile_k * elem_bytes // 32
-    return (len(readers_a) * cfg.tile_m + len(readers_b) * cfg.tile_n) * per_row * k_tiles
+    return (readers_a * cfg.tile_m + readers_b * cfg.tile_n) * per_row * -(-k // cfg.tile_k)
 
 
 def dram_bytes(m, n, k, cfg, grid_clusters, band, along_m, l2_bytes: int,
@@ -208,20 +204,18 @@ def dram_bytes(m, n, k, cfg, grid_clusters, band, along_m, l2_bytes: int,
     14336 x 4096, 134 MB for bands along M, 299 MB for the default band of 8 and 845 MB
     for a band of 1 along N (kernel 315 / 320 / 354 us); at 8192^3-like shapes the default
     band of 8 reads the least (386 MB against 648 for 4, 1172 for 1: 737 / 745 / 770 us)."""
-    blocks: dict[int, set] = {}
-    for wave, _, tm, tn in _waves(m, n, cfg, grid_clusters, band, along_m):
-        blocks.setdefault(wave, set()).update({("a", tm), ("b", tn)})
-
-    def size(group):
-        rows = sum(cfg.tile_m if side == "a" else cfg.tile_n for side, _ in group)
-        return rows * k * elem_bytes
-
-    total, before = 0, set()
-    for wave in sorted(blocks):
-        held = before if size(before) <= l2_bytes else set()
-        total += size(blocks[wave] - held)
-        before = blocks[wave]
-    return total
+    wave, _, tm, tn = _waves(m, n, cfg, grid_clusters, band, along_m)
+    tiles_m = math.ceil(m / cfg.tile_m)
+    waves = int(wave.max()) + 1 if len(wave) else 0
+    read = np.zeros((waves, tiles_m + math.ceil(n / cfg.tile_n)), dtype=bool)
+    read[wave, tm] = True  # A row blocks, then B column blocks
+    read[wave, tiles_m + tn] = True
+    rows = np.where(np.arange(read.shape[1]) < tiles_m, cfg.tile_m, cfg.tile_n)
+    row_bytes = k * elem_bytes
+    fits = np.concatenate([[False], read[:-1] @ rows * row_bytes <= l2_bytes])
+    held = np.zeros_like(read)
+    held[1:] = read[:-1] & fits[1:, None]
+    return int(((read & ~held) @ rows).sum()) * row_bytes
 
 
 def raster_candidates(m, n, cfg):
