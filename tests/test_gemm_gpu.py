@@ -346,17 +346,11 @@ def test_cluster_that_multicasts_one_operand(fields):
     Random shapes that are not multiples of the tile, and 2048 x 512 x 5120."""
     import torch
 
-    from cutetma import ops
     from cutetma.kernels.gemm_sm90 import GemmConfig
 
-    cfg = GemmConfig(**fields)
     for m, n, k in _shapes(sum(map(ord, str(fields))), 5) + [(2048, 512, 5120)]:
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
-                         dtype=torch.float16)[:, :n]
-        ops.gemm(a, b, out=out, config=cfg)
-        check(a, b, out)
+        _default_into_poisoned(m, n, k, torch.float16, (torch.float16,),
+                               config=GemmConfig(**fields))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -378,19 +372,20 @@ def test_automatic_wide_multicast(dtype):
         check(a, b_kn, ops.gemm(a, b_kn, trans_b=False), trans_b=False)
 
 
-def _default_into_poisoned(m, n, k, dtype):
-    """``cutetma.gemm(a, b)`` with no options on fresh randn inputs, into NaN-filled outputs
-    of the input dtype and of fp32, each checked against the fp32 reference."""
+def _default_into_poisoned(m, n, k, dtype, out_dtypes=None, **options):
+    """``cutetma.gemm(a, b, **options)`` (none: the library's own choice) on fresh randn
+    inputs, into NaN-filled outputs of the input dtype and of fp32 (or ``out_dtypes``), each
+    checked against the fp32 reference."""
     import torch
 
     from cutetma import ops
 
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(n, k, device="cuda", dtype=dtype)
-    for out_dtype in (dtype, torch.float32):
+    for out_dtype in out_dtypes or (dtype, torch.float32):
         out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                          dtype=out_dtype)[:, :n]
-        ops.gemm(a, b, out=out)
+        ops.gemm(a, b, out=out, **options)
         check(a, b, out)
 
 
@@ -405,12 +400,7 @@ def test_raster_order_placed_on_this_cards_gpcs(load):
     from cutetma import ops, placement
 
     for m, n, k in [(2048, 512, 5120), (2000, 6100, 1000), (2048, 5120, 777)]:
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
-                         dtype=torch.float16)[:, :n]
-        ops.gemm(a, b, out=out, load=load)
-        check(a, b, out)
+        _default_into_poisoned(m, n, k, torch.float16, load=load)
     gpcs = placement.sm_gpcs(0)
     assert len(gpcs) == ops._sm_count(0) and len(set(gpcs)) >= 2
 

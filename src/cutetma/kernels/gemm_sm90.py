@@ -32,7 +32,10 @@ next tile's first k-tiles of WGMMAs run (``_store_held``).
 Only the producer differs between mechanisms: one schedule (``_produce``) takes a stage
 loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are the same code
 (``cutetma.copy.loader`` picks the pipeline). Tiles come from a static persistent scheduler
-whose rasterization band divides the grid (no phantom tiles).
+whose rasterization band divides the grid (no phantom tiles); CTA i takes tiles i, i + grid,
+... of its order, and since the card puts CTA i on a GPC of its own choosing and merges the
+identical loads of one GPC's SMs in front of the L2, ``cutetma.gemm`` picks the band for the
+card's placement (``cutetma.placement``).
 
 When the output tiles fill the SMs' waves badly, K is cut: ``split_k`` slices every tile's K
 into equal work units (the last unit of a tile to finish sums all its slices' fp32 partials
@@ -49,7 +52,8 @@ the hand-over differ::
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
 B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64 to 384
 (past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole), K-tile 64;
-cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only); K and
+cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only; either
+may be left to each CTA, ``multicast_a`` / ``multicast_b``); K and
 the contiguous dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K
 need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
 ``pytest tests/test_gemm_ptx.py``.
