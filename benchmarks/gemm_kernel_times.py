@@ -27,7 +27,6 @@ launch adds; with ``--eager`` ``<key>_eager_us``, plain calls back to back) and 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -35,47 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import alternating_rounds, as_graph, progress  # noqa: E402
 from gemm_ab import checked_contenders  # noqa: E402
-from gemm_sustained import parse_kernel  # noqa: E402
+from gemm_sustained import CONFIG_FIELDS, contender, parse_kernel, spec_config  # noqa: E402,F401
 
-# GemmConfig fields, not gemm keywords
-CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "load_hint", "raster_swizzle",
-                 "raster_along_m", "multicast_a", "multicast_b")
-BOOL_FIELDS = ("raster_along_m", "multicast_a", "multicast_b")  # given as 0 / 1
 FLUSH_BYTES = 256 << 20  # larger than the H200's L2 (50 MB), as triton.testing.do_bench
-
-
-def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
-    """The ``GemmConfig`` a spec with ``CONFIG_FIELDS`` names: what the library would choose
-    for the spec's ``cutetma.gemm`` keywords on this shape, those fields replaced; None
-    when the spec has none of them (``cutetma.gemm`` then takes the keywords itself)."""
-    from cutetma import ops
-
-    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
-    for key in BOOL_FIELDS:
-        if key in fields:
-            fields[key] = bool(fields[key])
-    if not fields:
-        return None
-    kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
-    cfg = ops._gemm_config(
-        m, n, kw.get("load", "tma"), kw.get("cluster"), kw.get("tile"), sm_count,
-        kw.get("schedule"), kw.get("split_k"), k, kw.get("stream_k", False),
-        kw.get("store_under_mma"), kw.get("split_sum"))
-    return dataclasses.replace(cfg, **fields)
-
-
-def contender(kwargs: dict | None, a, b):
-    """cuBLAS (None) or ``cutetma.gemm`` with ``kwargs`` (``spec_config`` where the spec
-    sets ``GemmConfig`` fields)."""
-    from cutetma import ops
-
-    if kwargs is None:
-        return lambda: a @ b.T
-    (m, k), n = a.shape, b.shape[0]
-    cfg = spec_config(kwargs, m, n, k, ops._sm_count(a.device.index))
-    if cfg is None:
-        return lambda: ops.gemm(a, b, **kwargs)
-    return lambda: ops.gemm(a, b, config=cfg)
 
 
 def kernel_times(fns: dict, reps: int, launch: str = "graph") -> tuple[dict, dict]:

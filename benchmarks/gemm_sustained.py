@@ -55,10 +55,39 @@ def parse_kernel(spec: str) -> dict | None:
     return kwargs
 
 
+# GemmConfig fields a spec may set (not gemm keywords)
+CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "load_hint", "raster_swizzle",
+                 "raster_along_m", "multicast_a", "multicast_b", "order_table")
+BOOL_FIELDS = ("raster_along_m", "multicast_a", "multicast_b", "order_table")  # 0 / 1
+
+
+def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
+    """The ``GemmConfig`` a spec with ``CONFIG_FIELDS`` names: what the library would choose
+    for the spec's ``cutetma.gemm`` keywords on this shape, those fields replaced; None
+    when the spec has none of them (``cutetma.gemm`` then takes the keywords itself)."""
+    import dataclasses
+
+    from cutetma import ops
+
+    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
+    for key in BOOL_FIELDS:
+        if key in fields:
+            fields[key] = bool(fields[key])
+    if not fields:
+        return None
+    kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
+    cfg = ops._gemm_config(
+        m, n, kw.get("load", "tma"), kw.get("cluster"), kw.get("tile"), sm_count,
+        kw.get("schedule"), kw.get("split_k"), k, kw.get("stream_k", False),
+        kw.get("store_under_mma"), kw.get("split_sum"))
+    return dataclasses.replace(cfg, **fields)
+
+
 def contender(kwargs: dict | None, a, b):
     """The callable a spec names: cuBLAS (``None``), NVIDIA's example (``peer="nvidia"``)
-    or ``cutetma.gemm`` with the spec's keyword arguments (``placed=0``: with the
-    scheduler's default raster order, ``cutetma.placement`` switched off)."""
+    or ``cutetma.gemm`` with the spec's keyword arguments (``spec_config`` where the spec
+    sets ``GemmConfig`` fields; ``placed=0``: with the scheduler's default raster order,
+    ``cutetma.placement`` switched off)."""
     if kwargs is None:
         return lambda: a @ b.T
     if kwargs.get("peer") == "nvidia":
@@ -67,14 +96,18 @@ def contender(kwargs: dict | None, a, b):
         return nvidia_peer.gemm_fn(a, b, **{k: v for k, v in kwargs.items() if k != "peer"})
     from cutetma import ops, placement
 
-    if kwargs.get("placed") == 0:  # the scheduler's default raster order, not placement's
-        rest = {key: v for key, v in kwargs.items() if key != "placed"}
+    if kwargs.get("placed") == 0:
+        inner = contender({key: v for key, v in kwargs.items() if key != "placed"}, a, b)
 
         def unplaced():
             with placement.switched_off():
-                return ops.gemm(a, b, **rest)
+                return inner()
         return unplaced
-    return lambda: ops.gemm(a, b, **kwargs)
+    (m, k), n = a.shape, b.shape[0]
+    cfg = spec_config(kwargs, m, n, k, ops._sm_count(a.device.index))
+    if cfg is None:
+        return lambda: ops.gemm(a, b, **kwargs)
+    return lambda: ops.gemm(a, b, config=cfg)
 
 
 def load_peer(path: str | None) -> dict:

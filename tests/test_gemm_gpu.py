@@ -405,6 +405,35 @@ def test_raster_order_placed_on_this_cards_gpcs(load):
     assert len(gpcs) == ops._sm_count(0) and len(set(gpcs)) >= 2
 
 
+@pytest.mark.parametrize("fields", [
+    dict(tile_m=64, tile_n=128), dict(tile_m=128, tile_n=256, raster_swizzle=2),
+    dict(tile_m=128, tile_n=128, load="cp_async"),
+    dict(tile_m=128, tile_n=128, cluster_m=2), dict(tile_m=128, tile_n=128, schedule="pingpong"),
+    dict(tile_m=128, tile_n=320, cluster_m=2),
+], ids=_named)
+def test_order_table(fields):
+    """``GemmConfig.order_table`` (written 2026-12-02): the tiles' order read from a table
+    built on this card's probed placement, several waves and one, clusters and pingpong, on
+    shapes that are not multiples of the tile, into poisoned outputs; graph replays reuse
+    the table."""
+    import torch
+
+    from cutetma import ops
+    from cutetma.kernels.gemm_sm90 import GemmConfig
+
+    cfg = GemmConfig(order_table=True, **fields)
+    for m, n, k in [(2048, 512, 5120), (3000, 5000, 333), (8192, 8192, 64), (129, 17, 1000)]:
+        _default_into_poisoned(m, n, k, torch.float16, (torch.float16,), config=cfg)
+    a = torch.randn(1000, 640, device="cuda", dtype=torch.float16)
+    b = torch.randn(3000, 640, device="cuda", dtype=torch.float16)
+    out = torch.empty(1000, 3000, device="cuda", dtype=torch.float16)
+    ops.gemm(a, b, out=out, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.gemm(a, b, out=out, config=cfg)
+    replay_and_check(graph, a, b, out, 2)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_multicast_at_small_m(dtype):
     """Where ``cutetma.gemm`` puts tiles in (2, 1) clusters by itself (M = 129..512, about

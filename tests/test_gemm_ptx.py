@@ -58,6 +58,20 @@ def test_a_cluster_may_leave_an_operand_unshared():
         GemmConfig(cluster_m=1, cluster_n=2, multicast_a=False)
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_order_table_is_read_for_every_work_unit(load):
+    """``order_table``: producer and consumers read each work unit's cluster from the table
+    (one 32-bit global load at each of their two ``_work`` calls); without it, none."""
+    def table_loads(cfg):
+        return len(re.findall(r"ld\.global(?:\.\w+)*\.[usb]32",
+                              kernels.compile_gemm(cfg, "Float16").ptx))
+
+    assert table_loads(GemmConfig(tile_m=64, tile_n=128, load=load, order_table=True)) == 4
+    assert table_loads(GemmConfig(tile_m=64, tile_n=128, load=load)) == 0
+    with pytest.raises(ValueError, match="order_table orders whole tiles"):
+        GemmConfig(order_table=True, split_k=2)
+
+
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
 def test_cp_async_variant(dtype):
     ptx = kernels.compile_gemm(GemmConfig(load="cp_async"), dtype).ptx

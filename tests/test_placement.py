@@ -61,13 +61,14 @@ def test_l2_sectors_count_one_read_per_gpc_and_wave():
     GPC each of A's 2 row blocks and B's 2 column blocks is read once; on four GPCs each
     block twice, whatever the order."""
     cfg = GemmConfig(tile_m=128, tile_n=128)
+    order = placement.band_order(256, 256, cfg, 1, True)
     box = 128 * 64 * 2 // 32
-    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0, 0, 0), 1, True) == 4 * box
-    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 2, 3), 1, True) == 8 * box
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0, 0, 0), order) == 4 * box
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 2, 3), order) == 8 * box
     # two GPCs: CTAs 0, 2 and 1, 3; M first puts A's blocks on both, B's on one each
-    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 0, 1), 1, True) == 6 * box
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 1, 0, 1), order) == 6 * box
     # two waves of a 2-CTA grid never merge across the waves
-    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0), 1, True) == 6 * box
+    assert placement.l2_sectors(256, 256, 64, cfg, (0, 0), order) == 6 * box
 
 
 def _h200_gpcs(ctas: int, cluster: int = 1):
@@ -98,6 +99,38 @@ def test_the_raster_order_chosen_on_the_h200s_placement(mnk, tile, default, chos
     clusters_m, clusters_n = placement.cluster_grid(m, n, cfg)
     gpcs = _h200_gpcs(min(clusters_m * clusters_n, 132))
     assert placement.choose_raster(m, n, k, cfg, gpcs, 50 << 20) == chosen
+
+
+@pytest.mark.parametrize("mnk,tile,cluster,band,most", [
+    ((8192, 8192, 4096), (128, 256), (1, 1), 8, 0.6),
+    ((2048, 5120, 5120), (128, 320), (2, 1), 8, 0.65),
+    ((1000, 3000, 64), (128, 128), (1, 2), 2, 0.8),
+])
+def test_order_table_deals_each_waves_tiles_to_compact_gpc_blocks(mnk, tile, cluster, band,
+                                                                  most):
+    """Every cluster exactly once, each wave the same clusters as the default band's (so
+    DRAM sees no difference), packed as the kernel unpacks them; on the H200's placement
+    the model's L2 sectors at most ``most`` of the band's."""
+    import numpy as np
+
+    m, n, k = mnk
+    cfg = GemmConfig(tile_m=tile[0], tile_n=tile[1], cluster_m=cluster[0],
+                     cluster_n=cluster[1], raster_swizzle=band, order_table=True)
+    size = cluster[0] * cluster[1]
+    clusters_m, clusters_n = placement.cluster_grid(m, n, cfg)
+    gpcs = _h200_gpcs(min(clusters_m * clusters_n * size, 132 // size * size), size)
+    grid = len(gpcs) // size
+    band_m, band_n = placement.band_order(m, n, cfg, band, True)
+    table_m, table_n = placement.order_table(m, n, cfg, gpcs)
+    for first in range(0, len(band_m), grid):
+        wave = slice(first, first + grid)
+        assert sorted(zip(band_m[wave], band_n[wave], strict=True)) == sorted(
+            zip(table_m[wave], table_n[wave], strict=True))
+    packed = placement.pack((table_m, table_n))
+    assert packed.dtype == np.int32
+    assert ((packed & 0xFFFF) == table_m).all() and ((packed >> 16) == table_n).all()
+    band_sectors = placement.l2_sectors(m, n, k, cfg, gpcs, (band_m, band_n))
+    assert placement.l2_sectors(m, n, k, cfg, gpcs, (table_m, table_n)) < most * band_sectors
 
 
 def test_placement_can_be_switched_off(monkeypatch):

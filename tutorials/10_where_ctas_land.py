@@ -119,7 +119,8 @@ def the_model(gpcs) -> None:
         fields = dict(f.split("=") for f in spec.partition(":")[2].split(",") if f)
         band = int(fields.get("raster_swizzle", 4))
         along_m = bool(int(fields.get("raster_along_m", 1)))
-        modelled = placement.l2_sectors(2048, 512, 5120, cfg, gpcs[:128], band, along_m)
+        modelled = placement.l2_sectors(2048, 512, 5120, cfg, gpcs[:128],
+                                        placement.band_order(2048, 512, cfg, band, along_m))
         print(f"  {order_name(band, along_m):34s} {modelled / 1e6:5.2f} M {number(row['lts__t_sectors_srcunit_tex.sum']) / 1e6:5.2f} M"
               f" {number(row['gpu__time_duration.sum']) / 1e3:6.1f} us")
 
@@ -135,10 +136,9 @@ def the_choice(gpcs) -> None:
         clusters_m, clusters_n = placement.cluster_grid(m, n, cfg)
         grid = gpcs[:min(clusters_m * clusters_n, len(gpcs))]
         chosen = placement.choose_raster(m, n, k, cfg, grid, 50 << 20)
-        mb = [placement.dram_bytes(m, n, k, cfg, len(grid), *o, 50 << 20) / 1e6
-              for o in ((band, True), chosen)]
-        sectors = [placement.l2_sectors(m, n, k, cfg, grid, *o) / 1e6 for o in
-                   ((band, True), chosen)]
+        orders = [placement.band_order(m, n, cfg, *o) for o in ((band, True), chosen)]
+        mb = [placement.dram_bytes(m, n, k, cfg, len(grid), o, 50 << 20) / 1e6 for o in orders]
+        sectors = [placement.l2_sectors(m, n, k, cfg, grid, o) / 1e6 for o in orders]
         print(f"  {m}x{n}x{k} {tile[0]}x{tile[1]}: {order_name(band, True)} -> "
               f"{order_name(*chosen)}; L2 {sectors[0]:.1f} -> {sectors[1]:.1f} M sectors, "
               f"DRAM {mb[0]:.0f} -> {mb[1]:.0f} MB")

@@ -677,6 +677,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             workspace = _k_workspace(a.device, tiles, tile_elems, tiles, zeroed=True)
         else:
             workspace = _k_workspace(a.device, tiles * cfg.split_k, tile_elems, tiles)
+    if cfg.order_table:  # the tiles' order as a table (no workspace: order_table refuses it)
+        workspace = (None, None, _order_table(cfg, m, n, a.device.index or 0, clusters))
     key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
     stream = _stream(a.device)
     kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, stream, *workspace)
@@ -709,6 +711,31 @@ def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
         band, along_m = placement.choose_raster(m, n, k, cfg, gpcs, l2)
         _PLACED[key] = dataclasses.replace(cfg, raster_swizzle=band, raster_along_m=along_m)
     return _PLACED[key]
+
+
+_ORDER_TABLES: dict = {}
+
+
+def _order_table(cfg, m: int, n: int, device_index: int, clusters: int):
+    """``GemmConfig.order_table``'s table for this output on this card (``placement.
+    order_table`` over the probed CTA -> GPC map), as the kernel takes it; built once per
+    (configuration, M, N, device), kept on the device."""
+    from cutetma import placement
+
+    key = (cfg, m, n, device_index, clusters)
+    if key not in _ORDER_TABLES:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("order_table: call this shape once outside CUDA-graph capture "
+                               "first (its table is built from a probe launch)")
+        size = cfg.cluster_m * cfg.cluster_n
+        grid = min(math.prod(placement.cluster_grid(m, n, cfg)), clusters)
+        gpcs = placement.cta_gpcs(size, grid * size, device_index)
+        packed = placement.pack(placement.order_table(m, n, cfg, gpcs))
+        table = torch.from_numpy(packed).to(f"cuda:{device_index}")
+        from cutlass.cute.runtime import from_dlpack
+
+        _ORDER_TABLES[key] = (table, from_dlpack(table, assumed_align=4).mark_layout_dynamic())
+    return _ORDER_TABLES[key][1]
 
 
 def check_tile_for_b(cfg, b_k_major: bool) -> None:

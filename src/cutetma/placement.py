@@ -168,12 +168,49 @@ def cluster_grid(m: int, n: int, cfg) -> tuple[int, int]:
     return math.ceil(tiles_m / cfg.cluster_m), math.ceil(tiles_n / cfg.cluster_n)
 
 
-def _waves(m, n, cfg, grid_clusters, band, along_m):
+def band_order(m: int, n: int, cfg, band: int, along_m: bool):
+    """``cluster_order`` for this output and configuration: ``(m, n)`` arrays of clusters."""
+    return cluster_order(*cluster_grid(m, n, cfg), band, along_m)
+
+
+def order_table(m: int, n: int, cfg, gpcs):
+    """A tile order for ``GemmConfig.order_table``: each wave holds the clusters the default
+    band order (``cfg``'s) gives it, so what the L2 keeps between waves is unchanged, but
+    they are dealt so that the clusters of one GPC get a compact block of them (a strip of
+    columns walked row by row, its width set so that a GPC's share is about as many A rows
+    as B columns in bytes), where the band deals one GPC a column or a row. ``(m, n)``
+    arrays of clusters by work index; ``gpcs``: GPC of each CTA index of the grid."""
+    mc, nc = band_order(m, n, cfg, cfg.raster_swizzle, cfg.raster_along_m)
+    size = cfg.cluster_m * cfg.cluster_n
+    grid = len(gpcs) // size
+    cluster_gpc = np.asarray(gpcs)[::size][:grid]
+    per_gpc = grid / len(set(cluster_gpc.tolist()))
+    block_m, block_n = cfg.tile_m * cfg.cluster_m, cfg.tile_n * cfg.cluster_n
+    width = max(1, round(math.sqrt(per_gpc * block_m / block_n)))
+    out_m, out_n = mc.copy(), nc.copy()
+    for first in range(0, len(mc), grid):
+        wave_m, wave_n = mc[first:first + grid], nc[first:first + grid]
+        slots = np.argsort(cluster_gpc[:len(wave_m)], kind="stable")  # by GPC
+        tiles = np.lexsort((wave_n, wave_m, wave_n // width))  # strips, row by row
+        out_m[first + slots], out_n[first + slots] = wave_m[tiles], wave_n[tiles]
+    return out_m, out_n
+
+
+def pack(order) -> np.ndarray:
+    """``order_table``'s clusters as the kernel reads them: int32 ``m | n << 16``."""
+    mc, nc = order
+    if len(mc) and max(mc.max(), nc.max()) >= 1 << 15:
+        raise ValueError("more than 32767 clusters along M or N: no order table")
+    return (mc | (nc << 16)).astype(np.int32)
+
+
+def _waves(m, n, cfg, grid_clusters, order):
     """Every tile as four arrays: the wave that computes it (the work indices the grid's
-    clusters hold at once), the CTA index in the grid, its row and its column of tiles."""
+    clusters hold at once), the CTA index in the grid, its row and its column of tiles.
+    ``order``: ``(m, n)`` arrays of clusters by work index."""
     tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
     cm, cn = cfg.cluster_m, cfg.cluster_n
-    mc, nc = cluster_order(*cluster_grid(m, n, cfg), band, along_m)
+    mc, nc = order
     j = np.repeat(np.arange(len(mc)), cm * cn)
     rank = np.tile(np.arange(cm * cn), len(mc))
     tm, tn = np.repeat(mc, cm * cn) * cm + rank % cm, np.repeat(nc, cm * cn) * cn + rank // cm
@@ -182,13 +219,14 @@ def _waves(m, n, cfg, grid_clusters, band, along_m):
     return (j // grid_clusters)[keep], cta[keep], tm[keep], tn[keep]
 
 
-def l2_sectors(m, n, k, cfg, gpcs, band, along_m, elem_bytes: int = 2) -> int:
+def l2_sectors(m, n, k, cfg, gpcs, order, elem_bytes: int = 2) -> int:
     """32-byte L2 sectors the GEMM asks for if the coalescer merges every read of one
     operand k-tile by the CTAs of one GPC in one wave (multicast within a cluster is such a
     merge too): distinct (wave, GPC, A row block) and (wave, GPC, B column block) pairs, by
-    the box sizes and the k-tiles. ``gpcs``: GPC of each CTA index of the grid."""
+    the box sizes and the k-tiles. ``gpcs``: GPC of each CTA index of the grid; ``order``:
+    ``(m, n)`` arrays of clusters by work index (``band_order``, ``order_table``)."""
     grid_clusters = len(gpcs) // (cfg.cluster_m * cfg.cluster_n)
-    wave, cta, tm, tn = _waves(m, n, cfg, grid_clusters, band, along_m)
+    wave, cta, tm, tn = _waves(m, n, cfg, grid_clusters, order)
     gpc = np.asarray(gpcs, dtype=np.int64)[cta]
     place = (wave * (gpc.max() + 1) + gpc) * (max(tm.max(), tn.max()) + 1)  # one key a pair
     readers_a, readers_b = len(np.unique(place + tm)), len(np.unique(place + tn))
@@ -196,7 +234,7 @@ def l2_sectors(m, n, k, cfg, gpcs, band, along_m, elem_bytes: int = 2) -> int:
     return (readers_a * cfg.tile_m + readers_b * cfg.tile_n) * per_row * -(-k // cfg.tile_k)
 
 
-def dram_bytes(m, n, k, cfg, grid_clusters, band, along_m, l2_bytes: int,
+def dram_bytes(m, n, k, cfg, grid_clusters, order, l2_bytes: int,
                elem_bytes: int = 2) -> int:
     """Operand bytes read from DRAM if a wave finds in the L2 what the wave before it read
     (when that fitted in the L2) and nothing older: each wave's A row blocks and B column
@@ -204,7 +242,7 @@ def dram_bytes(m, n, k, cfg, grid_clusters, band, along_m, l2_bytes: int,
     14336 x 4096, 134 MB for bands along M, 299 MB for the default band of 8 and 845 MB
     for a band of 1 along N (kernel 315 / 320 / 354 us); at 8192^3-like shapes the default
     band of 8 reads the least (386 MB against 648 for 4, 1172 for 1: 737 / 745 / 770 us)."""
-    wave, _, tm, tn = _waves(m, n, cfg, grid_clusters, band, along_m)
+    wave, _, tm, tn = _waves(m, n, cfg, grid_clusters, order)
     tiles_m = math.ceil(m / cfg.tile_m)
     waves = int(wave.max()) + 1 if len(wave) else 0
     read = np.zeros((waves, tiles_m + math.ceil(n / cfg.tile_n)), dtype=bool)
@@ -233,13 +271,15 @@ def choose_raster(m, n, k, cfg, gpcs, l2_bytes: int, margin: float = 0.97):
     another is ``margin`` below it."""
     grid_clusters = len(gpcs) // (cfg.cluster_m * cfg.cluster_n)
     default = (cfg.raster_swizzle, cfg.raster_along_m)
-    limit = dram_bytes(m, n, k, cfg, grid_clusters, *default, l2_bytes)
-    best, best_sectors = default, l2_sectors(m, n, k, cfg, gpcs, *default) * margin
-    for order in raster_candidates(m, n, cfg):
-        if order == default or dram_bytes(m, n, k, cfg, grid_clusters, *order,
-                                          l2_bytes) > limit:
+    order = band_order(m, n, cfg, *default)
+    limit = dram_bytes(m, n, k, cfg, grid_clusters, order, l2_bytes)
+    best, best_sectors = default, l2_sectors(m, n, k, cfg, gpcs, order) * margin
+    for raster in raster_candidates(m, n, cfg):
+        order = band_order(m, n, cfg, *raster)
+        if raster == default or dram_bytes(m, n, k, cfg, grid_clusters, order,
+                                           l2_bytes) > limit:
             continue
-        sectors = l2_sectors(m, n, k, cfg, gpcs, *order)
+        sectors = l2_sectors(m, n, k, cfg, gpcs, order)
         if sectors < best_sectors:
-            best, best_sectors = order, sectors
+            best, best_sectors = raster, sectors
     return best

@@ -210,6 +210,12 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
         workspace = (make_fake_tensor(cutlass.Float32, (cute.sym_int32(divisibility=tile),),
                                       (1,), assumed_align=16),
                      make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4))
+    if cfg.order_table:  # one packed cluster coordinate per work index, sized at run time
+        _, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_tensor
+
+        order = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+        workspace = (None, None, order)
     return dsl.compile_ptx(HopperGemm(cfg), fake_operand(dtype), fake_operand(dtype, b_k_major),
                            fake_operand(out), clusters, make_fake_stream(), *workspace)
 

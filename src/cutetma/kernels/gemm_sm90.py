@@ -147,6 +147,12 @@ class GemmConfig:
     # than our multicast at 2048 x 512 x 5120, PERF_NOTES session 17)
     multicast_a: bool = True
     multicast_b: bool = True
+    # the tile order comes from a table (``mOrder``: work index -> cluster (m, n), packed
+    # m | n << 16) that the host builds for the card's CTA placement (``cutetma.placement.
+    # order_table``: each wave the default band's tiles, dealt so that one GPC's CTAs get a
+    # compact block, whose loads the L2 coalescer merges). Whole tiles only (no split-K or
+    # stream-K): the table lists clusters, not work units
+    order_table: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -206,6 +212,8 @@ class GemmConfig:
         if self.stream_k and (self.pingpong or self.multicast or self.split_k > 1):
             raise ValueError("stream_k runs the cooperative schedule with cluster (1, 1) and "
                              "no split_k")
+        if self.order_table and (self.split_k > 1 or self.stream_k):
+            raise ValueError("order_table orders whole tiles: no split_k or stream_k")
         if self.store_under_mma and (self.pingpong or self.split_k > 1 or self.stream_k):
             raise ValueError("store_under_mma is for whole cooperative tiles: pingpong hides "
                              "the epilogue already, and split_k / stream_k hand partials over")
@@ -398,10 +406,12 @@ class HopperGemm:
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
                  max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream,
-                 mPartials: cute.Tensor = None, mFlags: cute.Tensor = None):
+                 mPartials: cute.Tensor = None, mFlags: cute.Tensor = None,
+                 mOrder: cute.Tensor = None):
         """``mPartials`` (fp32 tile slots) and ``mFlags`` (int32, zero before the launch and
         left at zero after it) only with ``stream_k`` (a slot and a flag per CTA) or
-        ``split_k`` > 1 (a slot per work unit, a counter per output tile)."""
+        ``split_k`` > 1 (a slot per work unit, a counter per output tile); ``mOrder`` (int32,
+        one packed cluster coordinate per work index) only with ``order_table``."""
         cfg = self.cfg
         ab_dtype, c_dtype = mA.element_type, mC.element_type
         a_major = LayoutEnum.from_tensor(mA)
@@ -446,7 +456,7 @@ class HopperGemm:
         self.epi_buffers = epi_buffers
         self.c_major = c_major
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
-                    sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags).launch(
+                    sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags, mOrder).launch(
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
             min_blocks_per_mp=1, stream=stream)
 
@@ -457,7 +467,7 @@ class HopperGemm:
                mA: cute.Tensor, mB: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams,
-               mPartials: cute.Tensor, mFlags: cute.Tensor):
+               mPartials: cute.Tensor, mFlags: cute.Tensor, mOrder: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -498,19 +508,32 @@ class HopperGemm:
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce_tma(pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk,
-                                     tile_nk, k_tiles, cta_layout, cluster_crd, sched)
+                                     tile_nk, k_tiles, cta_layout, cluster_crd, sched, mOrder)
             else:
-                self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched)
+                self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
+                                      mOrder)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                         mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)))
+                         mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
+                         mOrder)
 
     @cute.jit
-    def _work(self, sched, work, j, k_tiles):
+    def _work(self, sched, work, j, k_tiles, mOrder):
         """The CTA's ``j``-th work unit: ``(m, n, split, k0, kn, valid, writer, first_peer,
         peers)``. The static persistent scheduler's tile (``work``) unless ``stream_k``, whose
-        units come from ``stream_k_unit`` over the same rasterized tile order."""
+        units come from ``stream_k_unit`` over the same rasterized tile order, or
+        ``order_table``, whose cluster the table ``mOrder`` names (the cluster's j-th work
+        index is the scheduler's: its index in the grid + j x the grid's clusters)."""
+        zero = cutlass.Int32(0)
+        if cutlass.const_expr(self.cfg.order_table):
+            bx, by, bz = cute.arch.block_idx()
+            linear = cutlass.Int32(bz) + j * cutlass.Int32(cute.arch.grid_dim()[2])
+            count = cutlass.Int32(cute.size(mOrder))
+            code = cutlass.Int32(mOrder[cutlass.min(linear, count - 1)])
+            m = (code & 0xFFFF) * self.cfg.cluster_m + cutlass.Int32(bx)
+            n = (code >> 16) * self.cfg.cluster_n + cutlass.Int32(by)
+            return m, n, zero, zero, k_tiles, linear < count, zero, zero, zero
         if cutlass.const_expr(self.cfg.stream_k):
             layout = sched.problem_layout_ncluster_mnl
             tile, k0, kn, valid, writer, first_peer, peers = stream_k_unit(
@@ -521,7 +544,6 @@ class HopperGemm:
             return m, n, cutlass.Int32(0), k0, kn, valid > 0, writer, first_peer, peers
         m, n, split = work.tile_idx
         k0, kn = self._k_range(split, k_tiles)
-        zero = cutlass.Int32(0)
         return m, n, split, k0, kn, work.is_valid_tile, zero, zero, zero
 
     @cute.jit
@@ -535,7 +557,7 @@ class HopperGemm:
 
     @cute.jit
     def produce_tma(self, pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk, tile_nk,
-                    k_tiles, cta_layout, cluster_crd, sched):
+                    k_tiles, cta_layout, cluster_crd, sched, mOrder):
         """One warp: each k-tile of A and B by TMA into the next stage, multicast to the CTAs
         of the cluster that share it; the stage's full barrier counts the bytes."""
         cfg = self.cfg
@@ -567,10 +589,11 @@ class HopperGemm:
                 cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
                           **hint)
 
-        self._produce(pipe, k_tiles, sched, load_stage)
+        self._produce(pipe, k_tiles, sched, mOrder, load_stage)
 
     @cute.jit
-    def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched):
+    def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
+                         mOrder):
         """A warpgroup: every thread copies its 16-byte vectors of each k-tile into the same
         swizzled stage (the pointer carries the swizzle), zero-filling past K, then arrives
         on the stage's full barrier when its copies land."""
@@ -582,10 +605,10 @@ class HopperGemm:
             cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
             cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
 
-        self._produce(pipe, k_tiles, sched, load_stage)
+        self._produce(pipe, k_tiles, sched, mOrder, load_stage)
 
     @cute.jit
-    def _produce(self, pipe, k_tiles, sched, load_stage: cutlass.Constexpr):
+    def _produce(self, pipe, k_tiles, sched, mOrder, load_stage: cutlass.Constexpr):
         """The producer's schedule, the same for every mechanism: for each work tile and each
         of its k-tiles, take the next empty stage, ``load_stage`` into it, commit (TMA: the
         bytes complete the barrier; cp.async: each thread arrives when its copies land)."""
@@ -594,7 +617,7 @@ class HopperGemm:
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         j = cutlass.Int32(0)
-        m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles)
+        m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder)
         while valid:
             for k in cutlass.range(k0, k0 + kn, unroll=1):
                 pipe.producer_acquire(state)  # wait for an empty stage (TMA: arm expect_tx)
@@ -604,12 +627,12 @@ class HopperGemm:
             j += 1
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
-            m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles)
+            m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder)
         pipe.producer_tail(state)
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags, sTickets):
+                mPartials, mFlags, sTickets, mOrder):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -680,7 +703,7 @@ class HopperGemm:
         stores = cutlass.Int32(0)
         local = cutlass.Int32(0)  # tiles this CTA has seen
         m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
-            sched, work, local, k_tiles)
+            sched, work, local, k_tiles, mOrder)
         while valid:
             mine = True
             if cutlass.const_expr(cfg.pingpong):
@@ -778,7 +801,7 @@ class HopperGemm:
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
             m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
-                sched, work, local, k_tiles)
+                sched, work, local, k_tiles, mOrder)
         if cutlass.const_expr(deferred):
             if holding > 0:  # the CTA's last tile: nothing left to hide it under
                 stores = self._store_held(held, held_m, held_n, stores, r2s, tRS_sC, tma_c,
