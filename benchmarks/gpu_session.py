@@ -9,26 +9,30 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
-Session 18's calls (``.gpu/run1.sh`` .. ``run5.sh``; ``MC=load=tma_multicast,tile=64x128``)::
+Session 18's calls (7 calls, 1,624 s, many starts refused; ``.gpu/run1.sh`` .. ``run7.sh``;
+``MC=load=tma_multicast,tile=64x128``)::
 
     python -m pytest -q -m gpu tests/test_gemm_gpu.py -k multicasts_one_operand    # 10 s
-    python benchmarks/sm_placement.py --out $OUT      # where CTAs land; GPCs by clusters
     python benchmarks/gemm_profile.py --compare gemm_ncu_lrc_2048x512.json 2048x512x5120 \
         cublas ours ours:raster_swizzle=1 ours:$MC,cluster=2x1 ... ours:$MC,cluster=2x4,\
         multicast_a=0                                 # the coalescer's counters (lrc__*)
+    python benchmarks/sm_placement.py --out $OUT      # where CTAs land; GPCs by clusters
     python benchmarks/gemm_profile.py --compare gemm_ncu_raster_<cell>.json <cell> cublas \
         ours ours:raster_swizzle=1 ... ours:raster_swizzle=8,raster_along_m=0   # 8 orders
     python benchmarks/gemm_kernel_times.py --name gemm_raster_gpc_k4096 --shapes 2048x6144 \
         2048x14336 8192x8192 --ks 4096 --kernels ours ours:raster_swizzle=1 ...
-    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "placed or automatic_fitted or \
-        paper_shapes"
-    python benchmarks/gemm_ab.py --rounds 3 --name gemm_placed_ab_float16 --cells <the 25
-        cells whose order placement changes> --kernels ours ours:placed=0
-    python benchmarks/gemm.py --cells <the same> --name gemm_placed_cells
-    python benchmarks/gemm.py --merge gemm.json gemm_placed_cells.json        # no GPU
+    python -m pytest -q -x -m gpu tests/test_gemm_gpu.py -k "order_table or placed"  # 34 s
+    python benchmarks/gemm_kernel_times.py --name gemm_table_kernel_times --shapes 2048x512 \
+        2048x6144 8192x8192 --ks 4096 --kernels ours ours:placed=0 ours:order_table=1
+    python benchmarks/gemm_profile.py --compare gemm_ncu_table_8192x8192x4096.json \
+        8192x8192x4096 cublas ours ours:order_table=1
+    python benchmarks/gemm_ab.py --rounds 2 --name gemm_order_ab_float16 --cells <4096^3 and
+        the 72 paper cells with M >= 256> --kernels ours ours:placed=0 ours:order_table=1
+    python benchmarks/gemm_ab.py --rounds 2 --dtype bfloat16 --name gemm_placed_ab_bfloat16 \
+        --cells <the same> --kernels ours ours:placed=0                          # 61 s
 
-Next: a tile order beyond the scheduler's bands (each GPC a compact block of a wave's
-tiles, from the probed CTA -> GPC map, as a table the kernel reads), PERF_NOTES session 18.
+Next: the order table at the power cap (``gemm_sustained.py --kernels cublas ours
+ours:order_table=1``), the full grid with the placed default (``gemm.py``, two calls).
 
 Session 17's calls (6 calls, 1,414 s; ``.gpu/run1.sh`` .. ``run4.sh``; ``MC`` as below)::
 

@@ -16,7 +16,8 @@ multicast's 2.6 M; ours, with no cluster, 2.8 M, all by the hardware.
 
 **Which reads merge.** Reads from SMs of **one GPC**: the L2 sectors a launch asks for are
 close to the number of distinct (GPC, operand k-tile) pairs in each wave (section 3; within
-5% for all seven orders at 512 x 1536 x 5120, 16-36% above it at 2048 x 512, same ranking).
+5% for all seven orders at 512 x 1536 x 5120; 14-60% above it at 2048 x 512, the same
+winner).
 Which tiles share a GPC is the hardware's choice, not the kernel's: the dispatcher deals CTA
 i, i + 1, ... round-robin over the GPCs (section 2: this H200's SMs sit in GPCs of 18, 16 and
 8; ``PlacementProbe`` reads ``%smid`` in every CTA of a grid that fills the card, and a

@@ -9,8 +9,8 @@ What the H200 showed (session 18; ``benchmarks/results/sm_placement.json`` and
     hardware merges                  happen between SMs of one GPC: the L2 sectors a GEMM
                                      asks for are, within 5% over seven raster orders at
                                      512 x 1536 x 5120, the count of distinct (GPC, operand
-                                     k-tile) pairs (``l2_sectors``); 16-36% above it at
-                                     2048 x 512 x 5120, same ranking
+                                     k-tile) pairs (``l2_sectors``); 14-60% above it at
+                                     2048 x 512 x 5120, the same winner
     the CTA dispatcher               deals a grid's CTAs round-robin over the GPCs, a TPC at
                                      a time (CTA i and i + 1 on different GPCs), the same
                                      way every launch; a CTA's SM is its index's, not its
@@ -24,10 +24,21 @@ sectors 5.3 M -> 4.0 M and the kernel 23.6 -> 20.4 us (cuBLAS 19.7); at M = 2048
 MB) and the L2 (50 MB) no longer holds a wave's operands for the next (DRAM, not the L2's
 requests, sets the pace). ``choose_raster`` therefore takes the order with the fewest
 modelled L2 sectors among those that read no more from DRAM than the default
-(``dram_bytes``: what a wave finds of the previous wave's operands in the L2).
+(``dram_bytes``: what a wave finds of the previous wave's operands in the L2). It changes 25
+of the grid's 73 cells with M >= 256; over those, graph-timed in alternating rounds with
+cuBLAS, the chosen order ran 2.8% (fp16) / 3.9% (bf16) faster than the default band, the 48
+others 0.6-0.7% (the A/B's noise) (``gemm_order_ab_float16.json``,
+``gemm_placed_ab_bfloat16.json``).
+
+``order_table`` goes further (``GemmConfig.order_table``, opt-in): each wave keeps the default
+band's clusters (the same DRAM traffic) but deals them so one GPC gets a compact block. The
+model halves the L2 sectors at most shapes; measured at 8192 x 8192 x 4096 174 -> 145 M
+sectors, the SM clock 1.48 -> 1.50 GHz and the kernel 749 -> 732 us (cuBLAS 738; ncu), and
+in kernel times 2048 x 512 x 4096 18.6 -> 16.6 us; graph-timed over the 73 cells it is even
+with the chosen band (0.998x), so it is not the default yet.
 
 The GPC of each CTA comes from ``PlacementProbe`` runs on the device itself (floorswept
-chips differ: this H200 has GPCs of 18, 16 and 8 SMs), once per process and cluster size;
+chips differ: this H200 has GPCs of 18, 16 and 8 SMs), once per process and grid;
 without a GPU, or with ``CUTETMA_PLACEMENT=0``, nothing is probed and the default order
 stays. The order only moves tiles between CTAs: every tile is computed whatever the map
 says, so a wrong map costs speed, never results.
