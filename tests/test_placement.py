@@ -138,3 +138,36 @@ def test_placement_can_be_switched_off(monkeypatch):
     assert not placement.enabled()
     monkeypatch.setenv("CUTETMA_PLACEMENT", "1")
     assert placement.enabled()
+
+
+def test_gemm_takes_the_chosen_order_once_per_shape(monkeypatch):
+    """``ops._placed`` (what ``cutetma.gemm`` applies): the order ``choose_raster`` picks on
+    the probed placement (here the H200's, no GPU), remembered per shape; split-K keeps its
+    own order, and ``CUTETMA_PLACEMENT=0`` the default."""
+    import types
+
+    import torch
+
+    from cutetma import ops
+
+    probes = []
+
+    def probed(size, ctas, device_index=0):
+        probes.append(ctas)
+        return _h200_gpcs(ctas, size)
+
+    monkeypatch.setattr(placement, "cta_gpcs", probed)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(L2_cache_size=50 << 20))
+    monkeypatch.setattr(ops, "_PLACED", {})
+    cfg = ops._gemm_config(2048, 512, "tma", None, None, 132, None, None, 5120)
+    assert (cfg.tile_m, cfg.tile_n, cfg.raster_swizzle, cfg.raster_along_m) == (64, 128, 4, True)
+    for _ in range(2):
+        placed = ops._placed(cfg, 2048, 512, 5120, 0, 132)
+        assert (placed.raster_swizzle, placed.raster_along_m) == (1, True)
+    assert probes == [128]  # 32 x 4 tiles: a grid of 128 CTAs, probed once
+    split = GemmConfig(tile_m=64, tile_n=128, split_k=2)
+    assert ops._placed(split, 2048, 512, 5120, 0, 132) is split
+    monkeypatch.setenv("CUTETMA_PLACEMENT", "0")
+    assert ops._placed(cfg, 2048, 512, 5120, 0, 132) is cfg

@@ -689,6 +689,16 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 _PLACED: dict = {}
 
 
+def _grid_gpcs(cfg, m: int, n: int, device_index: int, clusters: int) -> tuple[int, ...]:
+    """GPC of each CTA of the persistent grid this configuration launches for an M x N
+    output (its clusters: the output's, at most ``clusters``), probed on the device."""
+    from cutetma import placement
+
+    size = cfg.cluster_m * cfg.cluster_n
+    grid = min(math.prod(placement.cluster_grid(m, n, cfg)), clusters)
+    return placement.cta_gpcs(size, grid * size, device_index)
+
+
 def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
     """``cfg`` with the raster order ``placement.choose_raster`` picks for the CTA -> GPC map
     this device's dispatcher gives a grid of ``clusters`` clusters (probed once per process
@@ -704,9 +714,7 @@ def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
     if key not in _PLACED:
         if torch.cuda.is_current_stream_capturing():
             return cfg
-        csize = cfg.cluster_m * cfg.cluster_n
-        grid = min(math.prod(placement.cluster_grid(m, n, cfg)), clusters)
-        gpcs = placement.cta_gpcs(csize, grid * csize, device_index)
+        gpcs = _grid_gpcs(cfg, m, n, device_index, clusters)
         l2 = getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20)
         band, along_m = placement.choose_raster(m, n, k, cfg, gpcs, l2)
         _PLACED[key] = dataclasses.replace(cfg, raster_swizzle=band, raster_along_m=along_m)
@@ -727,9 +735,7 @@ def _order_table(cfg, m: int, n: int, device_index: int, clusters: int):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("order_table: call this shape once outside CUDA-graph capture "
                                "first (its table is built from a probe launch)")
-        size = cfg.cluster_m * cfg.cluster_n
-        grid = min(math.prod(placement.cluster_grid(m, n, cfg)), clusters)
-        gpcs = placement.cta_gpcs(size, grid * size, device_index)
+        gpcs = _grid_gpcs(cfg, m, n, device_index, clusters)
         packed = placement.pack(placement.order_table(m, n, cfg, gpcs))
         table = torch.from_numpy(packed).to(f"cuda:{device_index}")
         from cutlass.cute.runtime import from_dlpack

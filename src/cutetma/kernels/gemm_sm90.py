@@ -143,8 +143,9 @@ class GemmConfig:
     # whether a cluster multicasts each operand: A along its row (cluster_n CTAs), B along
     # its column (cluster_m). False: every CTA of the row / column loads that operand itself,
     # and the cluster only places them on one GPC at the same moment, so their identical
-    # loads reach the L2 together (an experiment: how cuBLAS reads a third fewer L2 sectors
-    # than our multicast at 2048 x 512 x 5120, PERF_NOTES session 17)
+    # loads reach the L2 together, where its coalescer merges them (an experiment: (2, 4)
+    # with A unshared asked the L2 for cuBLAS's 3.4 M sectors at 2048 x 512 x 5120, but an
+    # 8-CTA cluster grid holds 120 CTAs, not 132: 29 us against 23; PERF_NOTES session 18)
     multicast_a: bool = True
     multicast_b: bool = True
     # the tile order comes from a table (``mOrder``: work index -> cluster (m, n), packed

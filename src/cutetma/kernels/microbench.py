@@ -55,7 +55,8 @@ barrier pairs. ``load`` picks the protocol::
 decides which tile runs on which SM only through the CTA index). Each CTA, padded to one per
 SM, writes ``(smid, rank in its cluster, %globaltimer_lo at its start)`` and spins ``cycles``
 clocks so that the whole grid is resident at once, as a persistent grid is. A cluster's CTAs
-share a GPC, so a launch of 16-CTA clusters names the GPCs' SMs.
+share a GPC, so launches of 16-, 8- and 6-CTA clusters name the GPCs' SMs
+(``cutetma.placement``).
 
 ``TimerCalibration``: thread 0 spins ``cycles`` SM clocks and reports the two timers, so the
 host converts clock64 deltas to ns (``%globaltimer`` ticks in steps that may be coarse).
