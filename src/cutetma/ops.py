@@ -602,7 +602,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``torch.use_deterministic_algorithms(True)``, which refuses an explicit ``"atomic"``.
     Ignored where K is not split.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
-    width and buffers), overriding ``load``, ``cluster`` and ``tile``.
+    width and buffers), overriding ``load``, ``cluster`` and ``tile``. Without it the tiles'
+    raster order is chosen for where this card puts the grid's CTAs (``cutetma.placement``:
+    the first call on a device compiles and runs a few probe kernels, once per process and
+    grid size; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order).
 
     An eager call costs the host about 0.2 ms on the H200's machine (the DSL's argument
     packing, three DLPack conversions; the configuration is remembered per shape), about six
