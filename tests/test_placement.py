@@ -75,9 +75,9 @@ def _h200_gpcs(ctas: int, cluster: int = 1):
     """GPC of each of the first ``ctas`` CTAs of a full grid (a smaller grid's CTAs went to
     the same SMs as a full one's first)."""
     doc = json.loads((RESULTS / "sm_placement.json").read_text())
-    gpc = doc["gpc_of_sm"]
+    gpc = placement.apart(doc["gpc_of_sm"])
     row = next(r for r in doc["rows"] if r["cluster"] == cluster and r["ctas"] == 132)
-    return tuple(gpc[sm] if gpc[sm] >= 0 else 100 + sm for sm in row["sm"][:ctas])
+    return tuple(gpc[sm] for sm in row["sm"][:ctas])
 
 
 @pytest.mark.parametrize("mnk,tile,default,chosen", [

@@ -92,10 +92,9 @@ def the_coalescer() -> None:
 
 def h200_placement():
     doc = json.loads((RESULTS / "sm_placement.json").read_text())
-    gpc = doc["gpc_of_sm"]
-    spare = max(gpc) + 1  # an SM no cluster reached: a group of its own, as sm_gpcs does
+    gpc = placement.apart(doc["gpc_of_sm"])  # an SM no cluster reached: a group of its own
     row = next(r for r in doc["rows"] if r["cluster"] == 1 and r["ctas"] == 132)
-    return tuple(gpc[sm] if gpc[sm] >= 0 else spare + sm for sm in row["sm"]), doc
+    return tuple(gpc[sm] for sm in row["sm"]), doc
 
 
 def where_ctas_land() -> tuple:

@@ -141,9 +141,14 @@ def sm_gpcs(device_index: int = 0) -> tuple[int, ...]:
         except Exception:  # a cluster size this card or driver refuses names nothing
             continue
         launches.append((size, [sm for sm, _, _ in rows]))
-    gpc = gpcs_from_clusters(launches, sm_count)
-    spare = max(gpc) + 1
-    return tuple(g if g >= 0 else spare + s for s, g in enumerate(gpc))
+    return apart(gpcs_from_clusters(launches, sm_count))
+
+
+def apart(gpc_of_sm) -> tuple[int, ...]:
+    """``gpc_of_sm`` with every SM no probe named (-1) in a group of its own, numbered past
+    the GPCs: the model then merges nothing it cannot vouch for."""
+    spare = max(gpc_of_sm) + 1
+    return tuple(g if g >= 0 else spare + s for s, g in enumerate(gpc_of_sm))
 
 
 @functools.cache
