@@ -9,6 +9,27 @@ whole call), then any benchmark steps (``gemm_bench``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 19's calls (4 calls, 1,735 s; ``.gpu/run1.sh``, ``run2.sh`` with ``D=float16`` /
+``bfloat16``)::
+
+    python tutorials/10_where_ctas_land.py                                     # 11 s
+    python benchmarks/gemm_ab.py --rounds 5 --name gemm_headline_sk_float16 --cells \
+        8192x8192x8192 4096x4096x4096 --kernels ours ours:stream_k=1 ours:order_table=1 \
+        ours:load=tma_multicast,cluster=2x1                                    # 17 s
+    python benchmarks/gemm_sustained.py --seconds 4 --rounds 2 --name gemm_sustained_table \
+        --cells 8192x8192x8192 4096x4096x4096 8192x14336x4096 --kernels cublas ours \
+        ours:order_table=1 ours:load=tma_multicast,cluster=2x1 \
+        ours:load=tma_multicast,cluster=2x1,order_table=1 ours:stream_k=1      # 164 s
+    python benchmarks/gemm_kernel_times.py --name gemm_kernel_times_sk --shapes 4096x4096 \
+        8192x8192 --ks 4096 8192 --kernels ours ours:stream_k=1 ours:order_table=1   # 19 s
+    python benchmarks/gemm.py --dtypes float16 --name gemm_float16             # 381 s
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bfloat16           # 348 s
+    python benchmarks/gemm.py --merge gemm_float16.json gemm_bfloat16.json     # no GPU
+    python -m pytest -v -m gpu tests/test_gemm_gpu.py    # 95 of 129 passed in 540 s
+
+Next: the order table and (2, 1) at the cap over the grid's large cells (``gemm_sustained.py
+--cells ...``), an A/B with longer timing windows, the 34 GEMM GPU tests not reached.
+
 Session 18's calls (7 calls, 1,624 s, many starts refused; ``.gpu/run1.sh`` .. ``run7.sh``;
 ``MC=load=tma_multicast,tile=64x128``)::
 
