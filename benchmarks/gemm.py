@@ -141,15 +141,17 @@ def cells(quick: bool, only=None):
     return out
 
 
-def bench(fn) -> float:
+def bench(fn, window_ms: float = 25) -> float:
     """Median milliseconds of ``fn`` on the GPU: captured once in a CUDA graph, replayed by
-    ``triton.testing.do_bench`` (which flushes L2 before every replay). The graph keeps
-    host-side launch cost (Python, argument conversion) out of the kernel's time for every
-    contender alike; ``eager_us`` in the results records what a plain call costs."""
+    ``triton.testing.do_bench`` (which flushes L2 before every replay) for about
+    ``window_ms``. The graph keeps host-side launch cost (Python, argument conversion) out
+    of the kernel's time for every contender alike; ``eager_us`` in the results records
+    what a plain call costs. A window is short against the time the power-capped clock takes
+    to settle (PERF_NOTES, session 19): a longer one lets a kernel's own power draw set it."""
     from triton.testing import do_bench
 
     fn()  # compile / warm up outside the capture
-    return do_bench(as_graph(fn), warmup=5, rep=25, return_mode="median")
+    return do_bench(as_graph(fn), warmup=5, rep=window_ms, return_mode="median")
 
 
 def as_graph(fn):
@@ -169,18 +171,18 @@ def as_graph(fn):
     return graph.replay
 
 
-def alternating_rounds(fns: dict, rounds: int) -> dict:
+def alternating_rounds(fns: dict, rounds: int, window_ms: float = 25) -> dict:
     """``bench`` every callable of ``fns`` in turn, ``rounds`` times, the order reversed
     every other round (A B C, C B A, ...), so no contender always follows the same one: on
     this power-capped card what ran just before moves a kernel's clock (session 13's fp16
     rows timed ``cutetma.gemm``'s default always right after cp.async, which draws less
     power: 0.96-1.11x, median 1.003x, the same configuration timed after cuBLAS in the
-    same rounds). Milliseconds per key."""
+    same rounds). Milliseconds per key; ``window_ms``: each ``bench``'s timing window."""
     order = list(fns.items())
     times: dict = {key: [] for key in fns}
     for i in range(rounds):
         for key, fn in order if i % 2 == 0 else order[::-1]:
-            times[key].append(bench(fn))
+            times[key].append(bench(fn, window_ms))
     return times
 
 

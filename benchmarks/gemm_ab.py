@@ -2,7 +2,7 @@
 
     source .gpu/prelude.sh && python benchmarks/gemm_ab.py \
         --kernels ours:tile=128x256 ours:tile=128x256,store_under_mma=1 [--cells MxNxK ...] \
-        [--dtype float16] [--rounds 3] [--name gemm_ab] [--out DIR]
+        [--dtype float16] [--rounds 3] [--window-ms 25] [--name gemm_ab] [--out DIR]
 
 For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 tiles fill
 the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
@@ -12,7 +12,8 @@ the spec's tile in each cell; ``mirror=cublas`` takes the tile and cluster of cu
 kernel in each cell (read from the profiler in the same run);
 ``nvidia:tile=128x256,cluster=1x2`` is NVIDIA's CuTe DSL example, ``nvidia_peer.py``, with
 ``--nvidia-example PATH``) are timed in turn, ``--rounds`` times, on the same randn data
-(``gemm.bench``: CUDA-graph replays, median); a cell's figures are the medians of its rounds.
+(``gemm.bench``: CUDA-graph replays for ``--window-ms``, median); a cell's figures are the
+medians of its rounds.
 Alternating keeps every contender in the same power state: on this card the clock under the
 power cap moves by several % within a minute, far more than most single changes are worth.
 Summary: the geometric mean of each spec over cuBLAS, and of each spec over the first.
@@ -123,7 +124,8 @@ def checked_contenders(specs: dict, a, b, row: dict, make=contender) -> dict:
     return fns
 
 
-def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dict:
+def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int,
+            window_ms: float = 25) -> dict:
     import torch
 
     t = getattr(torch, dtype)
@@ -131,7 +133,7 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int) -> dic
     b = torch.randn(n, k, device="cuda", dtype=t)
     row = {"M": m, "N": n, "K": k, "dtype": dtype}
     fns = checked_contenders(specs, a, b, row)
-    times = alternating_rounds(fns, rounds)
+    times = alternating_rounds(fns, rounds, window_ms)
     flops = 2 * m * n * k
     row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})
     row["rounds_tflops"] = {key: [round(flops / x / 1e9, 1) for x in ms]
@@ -146,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--cells", nargs="*", metavar="MxNxK")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window-ms", type=float, default=25,
+                    help="each timing's replay window (longer: the clock follows the kernel)")
     ap.add_argument("--name", default="gemm_ab")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--nvidia-example", metavar="PATH",
@@ -161,7 +165,7 @@ def main(argv=None):
 
     rows = []
     for m, n, k in progress(cells, len(cells)):
-        rows.append(measure(m, n, k, args.dtype, specs, args.rounds))
+        rows.append(measure(m, n, k, args.dtype, specs, args.rounds, args.window_ms))
         results.write(args.name, rows, Path(args.out),
                       extra_meta={"complete": False, **peer_meta})
     summary = summarize(rows, list(specs))

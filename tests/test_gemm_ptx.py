@@ -766,21 +766,40 @@ def test_kernel_times_fit_and_config_fields():
     assert (default.tile_n, default.epi_buffers(), default.num_stages()) == (96, 2, 7)
 
 
-def test_final_rounds_alternate_their_order(monkeypatch):
+def test_final_rounds_alternate_their_order(monkeypatch, tmp_path):
     """gemm.py / gemm_ab.py time their contenders in rounds whose order reverses every other
     round, so no contender always runs right after the same one (the card's clock follows
-    what ran before); each key gets one time per round."""
+    what ran before); each key gets one time per round, each timed over the window asked
+    for (gemm_ab.py's ``--window-ms``)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import gemm
+    import gemm_ab
 
-    calls = []
-    monkeypatch.setattr(gemm, "bench", lambda fn: calls.append(fn()) or float(len(calls)))
+    calls, windows = [], []
+
+    def fake_bench(fn, window_ms=25):
+        windows.append(window_ms)
+        calls.append(fn())
+        return float(len(calls))
+
+    monkeypatch.setattr(gemm, "bench", fake_bench)
     times = gemm.alternating_rounds({k: (lambda k=k: k) for k in "abc"}, 3)
     assert "".join(calls) == "abccbaabc"
     assert times == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
+    assert set(windows) == {25}
+    windows.clear()
+    gemm.alternating_rounds({"a": lambda: "a"}, 2, window_ms=400)
+    assert windows == [400, 400]
+    seen = {}
+    monkeypatch.setattr(gemm_ab, "measure",
+                        lambda *a: seen.setdefault("window", a[-1]) and {"M": 1})
+    monkeypatch.setattr(gemm_ab, "summarize", lambda rows, specs: {})
+    gemm_ab.main(["--kernels", "ours", "--cells", "1x1x1", "--window-ms", "300",
+                  "--out", str(tmp_path)])
+    assert seen["window"] == 300
 
 
 def test_nvidia_example_as_a_peer(tmp_path):
