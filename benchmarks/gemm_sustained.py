@@ -3,7 +3,8 @@ no options) each run back to back for several seconds, alternating, while nvidia
 the SM clock and the power drawn.
 
     source .gpu/prelude.sh && python benchmarks/gemm_sustained.py [--seconds 6] [--out DIR] \
-        [--cells MxNxK ...] [--kernels cublas ours ours:load=tma_multicast,cluster=2x1 ...]
+        [--cells MxNxK ...] [--grid-m 2048 8192] \
+        [--kernels cublas ours ours:load=tma_multicast,cluster=2x1 ...]
 
 Why: short, cool runs (a dozen cells, seconds each) put ours at 0.98-1.02x cuBLAS on the
 large K = 4096 / 5120 shapes, while the 8-minute grid, where the card runs hot, has 0.90-0.93
@@ -17,12 +18,15 @@ or ``nvidia:tile=128x256,cluster=1x2`` for NVIDIA's CuTe DSL example (``nvidia_p
 with ``--nvidia-example PATH``):
 which of our configurations spends least energy per FLOP once the card sits at its cap (a
 cooler, shorter run can rank them differently). The kernels take turns, ``--rounds`` times.
-Writes ``gemm_sustained.json`` (``--name``).
+``--grid-m``: the grid's 18 cells at each M given, after ``--cells``. Writes
+``gemm_sustained.json`` (``--name``) after every cell; its summary: the geometric mean over
+the cells of each spec over cuBLAS and over the first ``ours`` spec.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import threading
@@ -169,6 +173,8 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--cells", nargs="*", metavar="MxNxK", help="shapes (default: CELLS)")
+    ap.add_argument("--grid-m", nargs="*", type=int, metavar="M",
+                    help="add the grid's cells (the paper's 18 (N, K)) with these M")
     ap.add_argument("--kernels", nargs="*", default=list(KERNELS), metavar="SPEC")
     ap.add_argument("--rounds", type=int, default=2, help="turns of every kernel per cell")
     ap.add_argument("--name", default="gemm_sustained")
@@ -176,7 +182,9 @@ def main(argv=None):
                     help="NVIDIA's dense_gemm_persistent.py, for nvidia:... specs")
     args = ap.parse_args(argv)
     peer_meta = load_peer(args.nvidia_example)
-    cells = [tuple(int(x) for x in c.split("x")) for c in args.cells] if args.cells else CELLS
+    cells = [tuple(int(x) for x in c.split("x")) for c in args.cells or ()]
+    cells += grid_cells(args.grid_m or ())
+    cells = cells or CELLS
     specs = {spec: parse_kernel(spec) for spec in args.kernels}
     import torch
 
@@ -205,17 +213,54 @@ def main(argv=None):
                    **sustained(kernels[who], args.seconds, 2 * m * n * k)}
             rows.append(row)
             print(row, flush=True)
-    path = results.write(args.name, rows, Path(args.out), extra_meta=peer_meta)
+        # after every cell, so a sweep cut short by a time limit keeps what it measured
+        results.write(args.name, rows, Path(args.out),
+                      extra_meta={"complete": False, **peer_meta})
+    summary = summarize(rows, list(specs))
+    path = results.write(args.name, rows, Path(args.out),
+                         extra_meta={"complete": True, "summary": summary, **peer_meta})
     print(f"wrote {path}")
-    for m, n, k in cells:
-        mine = [r for r in rows if (r["M"], r["N"], r["K"]) == (m, n, k)]
-        mean = {who: statistics.mean(r["tflops"] for r in mine if r["kernel"] == who)
-                for who in specs}
+    for (m, n, k), mean in cell_means(rows, list(specs)).items():
         base = mean.get("cublas")
         for who, tflops in mean.items():
             versus = f", {tflops / base:.3f}x cuBLAS" if base and who != "cublas" else ""
             print(f"  {m}x{n}x{k} {who}: {tflops:.0f} TFLOP/s sustained{versus}")
+    for key, value in summary.items():
+        print(f"  {key}: {value:.3f}")
     return 0
+
+
+def grid_cells(ms) -> list[tuple[int, int, int]]:
+    """The grid's cells (``gemm.PAPER_NK``) at each M of ``ms``."""
+    from gemm import PAPER_NK
+
+    return [(m, n, k) for m in ms for n, k in PAPER_NK]
+
+
+def cell_means(rows: list, specs: list) -> dict:
+    """Per cell, each spec's mean TFLOP/s over its phases (the specs a cell has rows of)."""
+    means: dict = {}
+    for r in rows:
+        means.setdefault((r["M"], r["N"], r["K"]), {}).setdefault(r["kernel"], []).append(
+            r["tflops"])
+    return {cell: {who: statistics.mean(by[who]) for who in specs if who in by}
+            for cell, by in means.items()}
+
+
+def summarize(rows: list, specs: list) -> dict:
+    """Geometric mean over the cells of each spec's sustained TFLOP/s over cuBLAS's, and
+    over the first spec's that is not cuBLAS (where the cells timed cuBLAS)."""
+    means = cell_means(rows, specs)
+    ours = [who for who in specs if who != "cublas"]
+    summary = {}
+    for base in ("cublas", *ours[:1]):
+        for who in ours:
+            ratios = [m[who] / m[base] for m in means.values()
+                      if who in m and base in m and who != base]
+            if ratios:
+                summary[f"{who} / {base}"] = math.exp(
+                    sum(math.log(x) for x in ratios) / len(ratios))
+    return summary
 
 
 if __name__ == "__main__":

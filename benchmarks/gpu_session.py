@@ -28,7 +28,11 @@ Session 19's calls (4 calls, 1,735 s; ``.gpu/run1.sh``, ``run2.sh`` with ``D=flo
     python -m pytest -v -m gpu tests/test_gemm_gpu.py    # 95 of 129 passed in 540 s
 
 Next: the order table and (2, 1) at the cap over the grid's large cells (``gemm_sustained.py
---cells ...``), an A/B with longer timing windows, the 34 GEMM GPU tests not reached.
+--seconds 2 --rounds 1 --grid-m 2048 8192 --kernels cublas ours ours:order_table=1
+ours:load=tma_multicast,cluster=2x1,order_table=1``), the same A/B with longer timing windows
+(``gemm_ab.py --window-ms 400``), the 34 GEMM GPU tests not reached
+(``pytest -m gpu tests/test_gemm_gpu.py -k "clusters_of or operand or wide_multicast or
+placed or order_table or automatic or workspace or epilogue_buffers or new_tile_widths"``).
 
 Session 18's calls (7 calls, 1,624 s, many starts refused; ``.gpu/run1.sh`` .. ``run7.sh``;
 ``MC=load=tma_multicast,tile=64x128``)::

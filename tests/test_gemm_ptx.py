@@ -748,6 +748,37 @@ def test_sustained_benchmark_reads_kernel_specs():
             gemm_sustained.parse_kernel(bad)
 
 
+def test_sustained_benchmark_sweeps_grid_cells_and_summarizes():
+    """gemm_sustained.py --grid-m: the grid's 18 (N, K) at each M; its summary is the
+    geometric mean over cells of each spec's mean phase against cuBLAS's and the first
+    ours spec's (a cell without a cuBLAS phase counts for neither)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemm
+    import gemm_sustained
+
+    cells = gemm_sustained.grid_cells([2048, 8192])
+    assert len(cells) == 36 and cells[0] == (2048, *gemm.PAPER_NK[0])
+    assert {m for m, _, _ in cells} == {2048, 8192}
+
+    def phases(cell, kernel, *tflops):
+        return [{"M": cell[0], "N": cell[1], "K": cell[2], "kernel": kernel, "tflops": t}
+                for t in tflops]
+
+    one, two = (1, 2, 3), (4, 5, 6)
+    rows = (phases(one, "cublas", 100, 100) + phases(one, "ours", 90, 110)
+            + phases(one, "ours:x=1", 120, 120) + phases(two, "cublas", 100)
+            + phases(two, "ours", 50) + phases(two, "ours:x=1", 100)
+            + phases((7, 8, 9), "ours", 1) + phases((7, 8, 9), "ours:x=1", 4))
+    summary = gemm_sustained.summarize(rows, ["cublas", "ours", "ours:x=1"])
+    assert summary["ours / cublas"] == pytest.approx((1.0 * 0.5) ** 0.5)
+    assert summary["ours:x=1 / cublas"] == pytest.approx((1.2 * 1.0) ** 0.5)
+    assert summary["ours:x=1 / ours"] == pytest.approx((1.2 * 2.0 * 4.0) ** (1 / 3))
+    assert "ours / ours" not in summary
+
+
 def test_kernel_times_fit_and_config_fields():
     """gemm_kernel_times.py: the fixed cost and the cost a k-tile come back from exact lines,
     and a spec's ``GemmConfig`` fields replace only themselves in the library's own choice
