@@ -748,6 +748,24 @@ def test_sustained_benchmark_reads_kernel_specs():
             gemm_sustained.parse_kernel(bad)
 
 
+def test_grid_plot_draws_the_default_and_its_geomean_per_m(tmp_path):
+    """gemm.py's plot: ``cutetma.gemm`` with no options (``tma_default``) beside each
+    mechanism's best, its per-M geometric mean over cuBLAS (the issue's target), and TMA over
+    cp.async with the per-M median (the paper's table); cells missing a column are skipped."""
+    gemm = _gemm_benchmark()
+    rows = [dict(M=m, N=n, K=512, dtype="float16", cublas=100.0, tma_default=t, tma=t + 1,
+                 tma_multicast=None, cp_async=80.0)
+            for m, n, t in ((256, 512, 90.0), (256, 1024, 110.0), (8192, 512, 102.0))]
+    rows.append(dict(M=512, N=512, K=512, dtype="float16", cublas=100.0, tma=95.0))
+    means = gemm.default_geomeans(rows)
+    assert list(means) == [256, 8192]
+    assert means[256] == pytest.approx((0.9 * 1.1) ** 0.5)
+    assert means[8192] == pytest.approx(1.02)
+    path = tmp_path / "gemm.png"
+    gemm.plot(rows, path)
+    assert path.stat().st_size > 10_000
+
+
 def test_sustained_benchmark_sweeps_grid_cells_and_summarizes():
     """gemm_sustained.py --grid-m: the grid's 18 (N, K) at each M; its summary is the
     geometric mean over cells of each spec's mean phase against cuBLAS's and the first
