@@ -3,8 +3,8 @@
     source .gpu/prelude.sh && python benchmarks/gpu_session.py [--quick] [--only STEP ...]
 
 Steps: ``hardware`` (the hardware-swizzle check -> hw_swizzle.json), ``tests`` (pytest -m gpu
-in a child process with per-test and total timeouts, so a deadlocked kernel cannot take the
-whole call), then any benchmark steps (``gemm_bench``,
+in ``--shards`` child processes side by side (4; each ``pytest_gpu_<I>.txt``) with per-test
+and total timeouts, so a deadlocked kernel cannot take the whole call), then any benchmark steps (``gemm_bench``,
 ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``attention_bench``, ``paper_l2``,
 ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
@@ -30,9 +30,9 @@ Session 19's calls (4 calls, 1,735 s; ``.gpu/run1.sh``, ``run2.sh`` with ``D=flo
 Next: the order table and (2, 1) at the cap over the grid's large cells (``gemm_sustained.py
 --seconds 2 --rounds 1 --grid-m 2048 8192 --kernels cublas ours ours:order_table=1
 ours:load=tma_multicast,cluster=2x1,order_table=1``), the same A/B with longer timing windows
-(``gemm_ab.py --window-ms 400``), the 34 GEMM GPU tests not reached
-(``pytest -m gpu tests/test_gemm_gpu.py -k "clusters_of or operand or wide_multicast or
-placed or order_table or automatic or workspace or epilogue_buffers or new_tile_widths"``).
+(``gemm_ab.py --window-ms 400``), all GEMM GPU tests in one call, compiled by four pytest
+processes side by side (``gpu_session.py --only tests --pytest tests/test_gemm_gpu.py
+--shards 4 --tests-budget 500``; host-tested only so far).
 
 Session 18's calls (7 calls, 1,624 s, many starts refused; ``.gpu/run1.sh`` .. ``run7.sh``;
 ``MC=load=tma_multicast,tile=64x128``)::
@@ -319,16 +319,16 @@ def step_hardware(args):
 
 
 def step_tests(args):
-    """pytest -m gpu in a child process: a kernel that deadlocks then costs the per-test
+    """pytest -m gpu in child processes: a kernel that deadlocks then costs the per-test
     timeout (pytest-timeout's thread method ends the child with every stack dumped) or at
     most ``--tests-budget`` seconds, and the later steps still run. (In-process, a hung
     kernel blocks inside the CUDA driver where no Python timeout can interrupt it: that cost
-    a whole 500-second call on 2026-11-30.)"""
-    import subprocess
-
+    a whole 500-second call on 2026-11-30.) ``--shards N`` runs N children side by side,
+    each every N-th test (``tests/conftest.py``'s ``--shard``): compiling the kernels, not
+    running them, is most of a GPU test's time, and the machine has 16 cores."""
     targets = args.pytest or [str(ROOT / "tests")]
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-           f"--junitxml={OUT / 'pytest_gpu.xml'}", *targets]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider",
+           *targets]
     if args.quick:
         cmd.append("-x")
     try:
@@ -337,11 +337,52 @@ def step_tests(args):
         cmd += [f"--timeout={args.test_timeout}", "--timeout-method=thread"]
     except ImportError:
         pass
-    try:
-        proc = subprocess.run(cmd, timeout=args.tests_budget, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return f"pytest -m gpu: killed after {args.tests_budget} s (a hang?)"
-    return f"pytest -m gpu rc={proc.returncode}"
+    return run_shards(cmd, args.shards, args.tests_budget, OUT)
+
+
+def run_shards(cmd: list, shards: int, budget: float, out: Path) -> str:
+    """Run pytest ``cmd`` as ``shards`` children at once (``--shard I/N`` each; one child
+    without it), each writing ``pytest_gpu_<I>.txt`` and ``.xml`` under ``out``; children
+    still running after ``budget`` seconds are killed. Returns the counts of the verbose
+    lines (a killed child's tests that never reported are ``not reached``)."""
+    import signal
+    import subprocess
+
+    children = []
+    for i in range(shards):
+        log = out / f"pytest_gpu_{i}.txt"
+        argv = list(cmd)
+        if shards > 1:
+            argv.append(f"--shard={i}/{shards}")
+        with open(log, "w") as f:  # the child keeps its own handle
+            children.append((log, subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})))  # a killed child's lines too
+    deadline = time.time() + budget
+    killed = 0
+    for _, child in children:
+        try:
+            child.wait(timeout=max(deadline - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            killed += 1
+    import re
+
+    counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    verdict = re.compile(r"::\S.* (PASSED|FAILED|ERROR|SKIPPED)\b")  # pytest -v's test lines
+    for log, _ in children:
+        for line in log.read_text(errors="replace").splitlines():
+            found = verdict.search(line)
+            if found:
+                counts[found.group(1).lower()] += 1
+                if found.group(1) in ("FAILED", "ERROR"):
+                    print(line)
+    summary = ", ".join(f"{n} {word}" for word, n in counts.items() if n)
+    codes = sorted({child.returncode for _, child in children})
+    tail = f"; {killed} of {shards} killed after {budget:.0f} s (not reached: the rest)" \
+        if killed else ""
+    return f"pytest -m gpu in {shards} shard(s): {summary or 'nothing ran'} (rc {codes}){tail}"
 
 
 def step_gemm_bench(args):
@@ -448,6 +489,8 @@ def main():
     ap.add_argument("--test-timeout", type=int, default=120, help="seconds per GPU test")
     ap.add_argument("--tests-budget", type=int, default=400,
                     help="seconds for the whole tests step")
+    ap.add_argument("--shards", type=int, default=4,
+                    help="pytest processes side by side in the tests step")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     summary = []

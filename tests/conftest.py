@@ -1,5 +1,7 @@
-"""Test session setup: the DSL targets sm_90a before anything imports it, and `gpu` tests
-are skipped with a reason unless a Hopper GPU is present."""
+"""Test session setup: the DSL targets sm_90a before anything imports it, `gpu` tests are
+skipped with a reason unless a Hopper GPU is present, and ``--shard I/N`` keeps every N-th
+collected test from the I-th on (so N pytest processes can compile their kernels side by
+side on the GPU machine's cores: ``gpu_session.py --shards N``)."""
 
 import os
 
@@ -21,7 +23,30 @@ def _hopper_reason() -> str | None:
     return None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only the collected tests I, I + N, I + 2N, ... (0 <= I < N)")
+
+
+def _shard(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        index, count = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard {spec!r}: I/N with integers, e.g. 0/4") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard {spec!r}: needs 0 <= I < N")
+    kept = [item for i, item in enumerate(items) if i % count == index]
+    config.hook.pytest_deselected(items=[item for i, item in enumerate(items)
+                                         if i % count != index])
+    items[:] = kept
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected: shards of what runs
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     reason = _hopper_reason()
     if reason is None:
         return
