@@ -4,9 +4,9 @@
 
 Steps: ``hardware`` (the hardware-swizzle check -> hw_swizzle.json), ``tests`` (pytest -m gpu
 in ``--shards`` child processes side by side (4; each ``pytest_gpu_<I>.txt``) with per-test
-and total timeouts, so a deadlocked kernel cannot take the whole call), then any benchmark steps (``gemm_bench``,
-``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``attention_bench``, ``paper_l2``,
-``tutorials``). A short
+and total timeouts, so a deadlocked kernel cannot take the whole call), then any benchmark
+steps (``gemm_bench``, ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``attention_bench``,
+``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
 Session 19's calls (4 calls, 1,735 s; ``.gpu/run1.sh``, ``run2.sh`` with ``D=float16`` /

@@ -453,6 +453,23 @@ def test_automatic_multicast_at_small_m(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_automatic_pingpong_below_m_512(dtype):
+    """Where ``cutetma.gemm`` runs pingpong 128 x 128 by itself below M = 512 (written
+    2026-12-02, session 19: up to 24 k-tiles where its tiles fill a wave): shapes that are
+    not multiples of the tile (a partial last tile row and column, K not a multiple of 64),
+    fp16 / fp32 outputs into poisoned buffers."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k in [(256, 16384, 512), (300, 17000, 500), (257, 24577, 1504)]:
+        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        assert (cfg.schedule, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), (m, n, k)
+        _default_into_poisoned(m, n, k, t)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_fitted_widths(dtype):
     """Where ``cutetma.gemm`` narrows 128 x 256 tiles to the width with as many waves (M <=
     512: 300 x 9000 in 128 x 208, 500 x 14000 in 128 x 224): shapes that are not multiples

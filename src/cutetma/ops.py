@@ -307,14 +307,25 @@ def fit_width(m: int, n: int, waves: int = 1, tile_m: int = 128, sm_count: int =
     return None
 
 
-def pingpong_pays(m: int, k: int) -> bool:
+def pingpong_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
     """Whether ``cutetma.gemm`` runs pingpong 128 x 128 instead of cooperative tiles: each
     warpgroup's epilogue then hides under the other's WGMMAs, which pays where the epilogue
     is a large share of a tile's time, i.e. where K is a few k-tiles. On the H200
     (gemm.json, 2026-11-30) pingpong won 11 of the 12 cells with K = 512 and M >= 512, by
-    1-9% over the cooperative choice (median 5%); at M = 256 (4 cells) and at K = 1536 (5 of
-    8 cells) it lost."""
-    return -(-k // 64) <= 8 and m >= 512
+    1-9% over the cooperative choice (median 5%), and lost at K = 1536 past M = 512.
+    At M = 256 it lost in that first grid, but the cooperative tiles it lost to have since
+    taken the held-tile epilogue (``store_under_mma``) and, at 256 x 24576 x 1536, a (2, 1)
+    multicast: in the four independent grids since (sessions 12, 15, 17 and 19) pingpong was
+    ahead of the default at 256 x 16384 x 512 and 256 x 32768 x 512 in 16 of 16 cell timings
+    (1-3%, median 2.2%) and at 256 x 24576 x 1536 in 8 of 8 (0.8-7.7%; against the (2, 1)
+    multicast in 6 of them, 0.8-4.4%). So below M = 512 it runs up to 24 k-tiles, where its
+    128 x 128 tiles fill at least one wave (each warpgroup then has a tile to hide an
+    epilogue under)."""
+    k_tiles = -(-k // 64)
+    if m >= 512:
+        return k_tiles <= 8
+    tiles = -(-m // 128) * -(-n // 128)
+    return m >= 256 and k_tiles <= 24 and tiles >= sm_count
 
 
 # Up to this M, whole 128 x 256 tiles give way to the narrowest width (144 to 256, steps of
@@ -444,7 +455,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 and not store_under_mma):
             if m > 64:
                 tile, split_k = auto_tile_and_split(m, n, k, sm_count)
-                if schedule is None and split_k == 1 and load == "tma" and pingpong_pays(m, k):
+                if (schedule is None and split_k == 1 and load == "tma"
+                        and pingpong_pays(m, n, k, sm_count)):
                     tile, schedule = (128, 128), "pingpong"
                 elif auto_cluster and (
                         shared := multicast_tile(m, n, k, sm_count, (tile, split_k))):
