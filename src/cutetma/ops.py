@@ -317,8 +317,9 @@ def pingpong_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
     taken the held-tile epilogue (``store_under_mma``) and, at 256 x 24576 x 1536, a (2, 1)
     multicast: in the four independent grids since (sessions 12, 15, 17 and 19) pingpong was
     ahead of the default at 256 x 16384 x 512 and 256 x 32768 x 512 in 16 of 16 cell timings
-    (1-3%, median 2.2%) and at 256 x 24576 x 1536 in 8 of 8 (0.8-7.7%; against the (2, 1)
-    multicast in 6 of them, 0.8-4.4%). So below M = 512 it runs up to 24 k-tiles, where its
+    (1-3%, median 2.2%), and at 256 x 24576 x 1536 it was the grid's best TMA configuration in
+    7 of 8 (ahead of the (2, 1) multicast by 0.8-3.8% in 5, of 128 x 192 by 6-8% in 2; the
+    eighth's best, 128 x 192, 4.4%). So below M = 512 it runs up to 24 k-tiles, where its
     128 x 128 tiles fill at least one wave (each warpgroup then has a tile to hide an
     epilogue under)."""
     k_tiles = -(-k // 64)
