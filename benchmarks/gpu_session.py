@@ -337,7 +337,20 @@ def step_tests(args):
         cmd += [f"--timeout={args.test_timeout}", "--timeout-method=thread"]
     except ImportError:
         pass
-    return run_shards(cmd, args.shards, args.tests_budget, OUT)
+    return run_shards(cmd, shards_allowed(args.shards), args.tests_budget, OUT)
+
+
+def shards_allowed(requested: int) -> int:
+    """``requested``, or 1 where the GPU admits one process at a time (compute mode
+    Exclusive_Process, as nvidia-smi reports it: the other shards could not open it)."""
+    import subprocess
+
+    try:
+        mode = subprocess.run(["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return requested
+    return 1 if "exclusive" in mode.lower() else requested
 
 
 def run_shards(cmd: list, shards: int, budget: float, out: Path) -> str:

@@ -47,3 +47,26 @@ def test_run_shards_counts_results_and_kills_past_the_budget(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", str(slow)]
     summary = gpu_session.run_shards(cmd, 1, 8, tmp_path / "slow")
     assert "1 passed" in summary and "1 of 1 killed after 8 s" in summary, summary
+
+
+def test_one_shard_where_the_gpu_takes_one_process(monkeypatch):
+    import subprocess as sp
+
+    import gpu_session
+
+    def smi(mode):
+        def run(argv, **kwargs):
+            assert argv[0] == "nvidia-smi"
+            return sp.CompletedProcess(argv, 0, stdout=mode + "\n")
+        return run
+
+    monkeypatch.setattr(sp, "run", smi("Exclusive_Process"))
+    assert gpu_session.shards_allowed(4) == 1
+    monkeypatch.setattr(sp, "run", smi("Default"))
+    assert gpu_session.shards_allowed(4) == 4
+
+    def missing(argv, **kwargs):
+        raise FileNotFoundError(argv[0])
+
+    monkeypatch.setattr(sp, "run", missing)
+    assert gpu_session.shards_allowed(3) == 3
