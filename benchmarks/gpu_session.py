@@ -355,9 +355,10 @@ def shards_allowed(requested: int) -> int:
 
 def run_shards(cmd: list, shards: int, budget: float, out: Path) -> str:
     """Run pytest ``cmd`` as ``shards`` children at once (``--shard I/N`` each; one child
-    without it), each writing ``pytest_gpu_<I>.txt`` and ``.xml`` under ``out``; children
-    still running after ``budget`` seconds are killed. Returns the counts of the verbose
-    lines (a killed child's tests that never reported are ``not reached``)."""
+    without it), each writing its verbose log ``pytest_gpu_<I>.txt`` under ``out``;
+    children still running after ``budget`` seconds are killed. Returns the counts of the
+    logs' verdicts (a killed child's tests that never reported are ``not reached``)."""
+    import re
     import signal
     import subprocess
 
@@ -380,8 +381,6 @@ def run_shards(cmd: list, shards: int, budget: float, out: Path) -> str:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             killed += 1
-    import re
-
     counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
     verdict = re.compile(r"::\S.* (PASSED|FAILED|ERROR|SKIPPED)\b")  # pytest -v's test lines
     for log, _ in children:

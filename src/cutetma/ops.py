@@ -315,7 +315,7 @@ def pingpong_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
     1-9% over the cooperative choice (median 5%), and lost at K = 1536 past M = 512.
     At M = 256 it lost in that first grid, but the cooperative tiles it lost to have since
     taken the held-tile epilogue (``store_under_mma``) and, at 256 x 24576 x 1536, a (2, 1)
-    multicast: in the four independent grids since (sessions 12, 15, 17 and 19) pingpong was
+    multicast: in the four independent grids since (sessions 12, 13, 15 and 19) pingpong was
     ahead of the default at 256 x 16384 x 512 and 256 x 32768 x 512 in 16 of 16 cell timings
     (1-3%, median 2.2%), and at 256 x 24576 x 1536 it was the grid's best TMA configuration in
     7 of 8 (ahead of the (2, 1) multicast by 0.8-3.8% in 5, of 128 x 192 by 6-8% in 2; the
