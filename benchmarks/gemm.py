@@ -294,13 +294,19 @@ def cell_key(row: dict) -> tuple:
     return row["M"], row["N"], row["K"], row["dtype"]
 
 
+def geomean(values) -> float:
+    """Geometric mean (nan for no values): every summary's ratio over cells."""
+    values = list(values)
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+
+
 def summarize(rows: list[dict]) -> dict:
     def ratio(r, key):
         return r[key] / r["cublas"] if r.get(key) else None
 
-    def gmean(values):
+    def gmean(values):  # cells without the column left out; None where none has it
         values = [v for v in values if v]
-        return math.exp(statistics.mean(map(math.log, values))) if values else None
+        return geomean(values) if values else None
 
     s = {}
     for size in (8192, 4096):  # 8192^3 is measured twice (the headline, the paper's M = 8192
@@ -334,11 +340,11 @@ def summarize(rows: list[dict]) -> dict:
 def default_geomeans(rows: list[dict]) -> dict:
     """Per M (ascending), the geometric mean over that M's cells of ``cutetma.gemm`` with no
     options (``tma_default``) over cuBLAS; cells without the column are left out."""
-    logs: dict = {}
+    ratios: dict = {}
     for r in rows:
         if r.get("tma_default") and r.get("cublas"):
-            logs.setdefault(r["M"], []).append(math.log(r["tma_default"] / r["cublas"]))
-    return {m: math.exp(sum(v) / len(v)) for m, v in sorted(logs.items())}
+            ratios.setdefault(r["M"], []).append(r["tma_default"] / r["cublas"])
+    return {m: geomean(v) for m, v in sorted(ratios.items())}
 
 
 def plot(rows: list[dict], path: Path):

@@ -23,13 +23,12 @@ Writes ``<name>.json``.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import PAPER_M, PAPER_NK, alternating_rounds, progress  # noqa: E402
+from gemm import PAPER_M, PAPER_NK, alternating_rounds, geomean, progress  # noqa: E402
 from gemm_sustained import contender, load_peer, parse_kernel  # noqa: E402
 
 HEADLINE = [(8192, 8192, 8192), (4096, 4096, 4096)]
@@ -37,11 +36,6 @@ HEADLINE = [(8192, 8192, 8192), (4096, 4096, 4096)]
 
 def default_cells() -> list[tuple[int, int, int]]:
     return HEADLINE + [(m, n, k) for n, k in PAPER_NK for m in PAPER_M if m >= 2048]
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
 
 
 def summarize(rows, specs) -> dict:

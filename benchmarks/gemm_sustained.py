@@ -26,7 +26,6 @@ the cells of each spec over cuBLAS and over the first ``ours`` spec.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import threading
@@ -250,6 +249,8 @@ def cell_means(rows: list, specs: list) -> dict:
 def summarize(rows: list, specs: list) -> dict:
     """Geometric mean over the cells of each spec's sustained TFLOP/s over cuBLAS's, and
     over the first spec's that is not cuBLAS (where the cells timed cuBLAS)."""
+    from gemm import geomean
+
     means = cell_means(rows, specs)
     ours = [who for who in specs if who != "cublas"]
     summary = {}
@@ -258,8 +259,7 @@ def summarize(rows: list, specs: list) -> dict:
             ratios = [m[who] / m[base] for m in means.values()
                       if who in m and base in m and who != base]
             if ratios:
-                summary[f"{who} / {base}"] = math.exp(
-                    sum(math.log(x) for x in ratios) / len(ratios))
+                summary[f"{who} / {base}"] = geomean(ratios)
     return summary
 
 
