@@ -12,6 +12,11 @@ for the same cells (both timed in alternating rounds). If the card's clock under
 drops further for ours than for cuBLAS, a kernel that spends more energy per FLOP loses
 exactly where the grid says. Each row: one kernel's phase, its TFLOP/s over the whole phase
 (timed by CUDA events around the loop), and the median SM clock and power sampled during it.
+Every contender runs as replays of a CUDA graph of ``GRAPH_CALLS`` calls (``--eager``: plain
+calls), so the host's cost per call (0.2 ms for an eager ``cutetma.gemm`` on the H200's host
+in session 16, against a 0.18 ms kernel at 4096^3) cannot idle the GPU between kernels:
+sessions 10-19 ran the phases eagerly, so their figures for ours below ~0.3 ms a kernel
+include host gaps.
 ``--kernels``: ``cublas``, ``ours`` (``cutetma.gemm`` with no options) or ``ours:`` with
 ``cutetma.gemm`` keyword arguments (``key=value`` separated by commas; ``2x1`` is a tuple),
 or ``nvidia:tile=128x256,cluster=1x2`` for NVIDIA's CuTe DSL example (``nvidia_peer.py``,
@@ -137,9 +142,12 @@ def sample_clocks(stop: threading.Event, samples: list, period: float = 0.25):
         stop.wait(period)
 
 
-def sustained(fn, seconds: float, flops: float) -> dict:
-    """Run ``fn`` back to back for about ``seconds``: TFLOP/s over the phase, with the
-    clock and power sampled during it."""
+GRAPH_CALLS = 20  # calls per captured graph: one replay costs the host a few microseconds
+
+
+def sustained(fn, seconds: float, flops: float, calls_per_fn: int = 1) -> dict:
+    """Run ``fn`` (``calls_per_fn`` GEMMs) back to back for about ``seconds``: TFLOP/s
+    over the phase, with the clock and power sampled during it."""
     import torch
 
     samples: list = []
@@ -153,7 +161,7 @@ def sustained(fn, seconds: float, flops: float) -> dict:
     while time.perf_counter() - t0 < seconds:
         for _ in range(20):
             fn()
-        calls += 20
+        calls += 20 * calls_per_fn
         torch.cuda.synchronize()  # keep the host within a batch of the device
     end.record()
     torch.cuda.synchronize()
@@ -177,6 +185,8 @@ def main(argv=None):
     ap.add_argument("--kernels", nargs="*", default=list(KERNELS), metavar="SPEC")
     ap.add_argument("--rounds", type=int, default=2, help="turns of every kernel per cell")
     ap.add_argument("--name", default="gemm_sustained")
+    ap.add_argument("--eager", action="store_true",
+                    help="plain calls, host cost included (default: CUDA-graph replays)")
     ap.add_argument("--nvidia-example", metavar="PATH",
                     help="NVIDIA's dense_gemm_persistent.py, for nvidia:... specs")
     args = ap.parse_args(argv)
@@ -206,10 +216,14 @@ def main(argv=None):
         for fn in kernels.values():  # warm up (cuBLAS picks its kernel on the first call)
             fn()
         torch.cuda.synchronize()
+        calls_per_fn = 1 if args.eager else GRAPH_CALLS
+        if not args.eager:
+            kernels = {who: repeated_graph(fn, GRAPH_CALLS) for who, fn in kernels.items()}
         for phase in range(args.rounds * len(kernels)):
             who = list(kernels)[phase % len(kernels)]
             row = {"M": m, "N": n, "K": k, "dtype": args.dtype, "phase": phase, "kernel": who,
-                   **sustained(kernels[who], args.seconds, 2 * m * n * k)}
+                   "graph": not args.eager,
+                   **sustained(kernels[who], args.seconds, 2 * m * n * k, calls_per_fn)}
             rows.append(row)
             print(row, flush=True)
         # after every cell, so a sweep cut short by a time limit keeps what it measured
@@ -227,6 +241,17 @@ def main(argv=None):
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}")
     return 0
+
+
+def repeated_graph(fn, calls: int):
+    """The replay of a CUDA graph that captured ``calls`` calls of ``fn`` (``gemm.as_graph``);
+    each call's output is dropped before the next, so the graph's pool reuses one buffer."""
+    from gemm import as_graph
+
+    def many():
+        for _ in range(calls):
+            fn()
+    return as_graph(many)
 
 
 def grid_cells(ms) -> list[tuple[int, int, int]]:
