@@ -1113,3 +1113,102 @@ def test_gemm_remembers_its_configuration_per_shape():
                             None)
         with pytest.raises((TypeError, ValueError)):
             ops._config_for(256, 256, 256, "tma", None, 128, 132, None, 1, False, None, None)
+
+
+def _like_from_dlpack(dtype, k_major: bool = True):
+    """A fake operand with the type ``from_dlpack(x).mark_layout_dynamic()`` gives a torch
+    tensor: dynamic sizes, a dynamic 64-bit outer stride, no divisibility claims."""
+    from cutetma import dsl
+
+    _, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_tensor
+
+    stride = (cute.sym_int64(), 1) if k_major else (1, cute.sym_int64())
+    return make_fake_tensor(dtype, (cute.sym_int32(), cute.sym_int32()), stride,
+                            assumed_align=16)
+
+
+@pytest.mark.parametrize("cfg,b_k_major", [
+    (GemmConfig(tile_n=128, store_under_mma=True), True),
+    (GemmConfig(tile_n=128, load="cp_async"), False),
+], ids=["tma", "cp_async-n-major-b"])
+def test_pointer_entry_compiles_the_same_kernel(cfg, b_k_major):
+    """``cutetma.gemm`` launches ``HopperGemm.from_pointers`` (pointers, sizes and strides);
+    the tensors it builds have the types the DLPack tensors of the tensor entry have, so
+    the PTX is the same, name for name but the entry's."""
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    from cutetma.kernels.gemm_sm90 import HopperGemm
+
+    f16 = cutlass.Float16
+    by_tensors = dsl.compile_ptx(HopperGemm(cfg), _like_from_dlpack(f16),
+                                 _like_from_dlpack(f16, b_k_major), _like_from_dlpack(f16), 132,
+                                 make_fake_stream())
+
+    def pointer():
+        return make_ptr(f16, 16, cute.AddressSpace.gmem, assumed_align=16)
+
+    by_pointers = dsl.compile_ptx(HopperGemm(cfg).from_pointers, pointer(), pointer(),
+                                  pointer(), 1, 1, 1, 1, 1, 1, 1, b_k_major, 132,
+                                  make_fake_stream())
+
+    def named_alike(ptx):
+        return re.sub(r"\b\w*(HopperGemm|from_pointers|__call__)\w*\b", "ENTRY", ptx)
+
+    assert WGMMA in by_pointers.ptx
+    assert named_alike(by_pointers.ptx) == named_alike(by_tensors.ptx)
+
+
+@pytest.mark.parametrize("workspace", ["none", "split_k", "order_table"])
+def test_launch_args_match_the_dsl(workspace):
+    """``ops.GemmLaunch`` hands the compiled program the same argument list the DSL's own
+    call builds: the address of each runtime value (pointers, sizes, strides, the stream),
+    then the workspace tensors' descriptors. Checked by value behind every address, for the
+    ``ops._gemm_launch`` that ``cutetma.gemm`` compiles."""
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import from_dlpack, make_ptr
+
+    from cutetma import dsl, ops
+
+    cutlass, cute = dsl.cutlass()
+    cfg = GemmConfig(tile_n=128, split_k=2 if workspace == "split_k" else 1,
+                     order_table=workspace == "order_table")
+    ws = ()
+    if workspace == "split_k":
+        ws = (from_dlpack(torch.zeros(4 * 128 * 128), assumed_align=16).mark_layout_dynamic(),
+              from_dlpack(torch.zeros(8, dtype=torch.int32), assumed_align=4)
+              .mark_layout_dynamic())
+    elif workspace == "order_table":
+        ws = (None, None, from_dlpack(torch.zeros(8, dtype=torch.int32), assumed_align=4)
+              .mark_layout_dynamic())
+    launch = ops._gemm_launch(torch.bfloat16, torch.float32, False, cfg, 66, ws)
+    assert ops._gemm_launch(torch.bfloat16, torch.float32, False, cfg, 66, ws) is launch
+    a, b, c = 0x7F0000000000, 0x7F0000100000, 0x7F0000200000
+    big = 1 << 33  # strides are 64-bit: a 32-bit slot anywhere would lose this
+    values = (a, b, c, 1000, 4097, 136, 129, big + 136, big + 4104, big + 4112, 0xABC)
+    ours = launch.args(values, ws)
+
+    def ptr(address, dtype):
+        return make_ptr(getattr(cutlass, dtype), address, cute.AddressSpace.gmem,
+                        assumed_align=16)
+
+    keep = (ptr(a, "BFloat16"), ptr(b, "BFloat16"), ptr(c, "Float32"), cuda.CUstream(0xABC))
+    theirs, _ = launch.compiled.generate_execution_args(*keep[:3], *values[3:10], keep[3], *ws)
+    assert len(ours) == len(theirs) == 11 + {"none": 0, "split_k": 2, "order_table": 1}[workspace]
+
+    def address(p):
+        return p.value if isinstance(p, ctypes.c_void_p) else int(p)
+
+    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs)):
+        if i >= 11:  # the same cached descriptor
+            assert address(mine) == address(dsl_arg)
+            continue
+        kind = ops.GemmLaunch.SLOTS[i]
+        assert kind.from_address(address(mine)).value == values[i]
+        assert kind.from_address(address(dsl_arg)).value == values[i], i

@@ -13,9 +13,11 @@ shape does not recompile.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -555,14 +557,14 @@ def _sm_count(device_index) -> int:
 def _max_active_clusters(cluster_size: int, device_index: int | None = None) -> int:
     """Clusters of this many CTAs (one per SM) the card runs at once: a persistent grid's
     size. Not simply SMs / size: a cluster's CTAs must share a GPC."""
-    from cutetma import dsl
-
-    dsl.cutlass()
-    import cutlass.utils as utils
-
     device = torch.cuda.current_device() if device_index is None else device_index
     key = ("max_active_clusters", cluster_size, device)
     if key not in _COMPILED:
+        from cutetma import dsl
+
+        dsl.cutlass()
+        import cutlass.utils as utils
+
         _COMPILED[key] = utils.HardwareInfo(device).get_max_active_clusters(cluster_size)
     return _COMPILED[key]
 
@@ -644,6 +646,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         shape_b = "(N, K)" if trans_b else "(K, N)"
         raise ValueError(f"inner dimensions differ: a is (M, K) = {tuple(a.shape)}, b {shape_b} "
                          f"= {tuple(b.shape)}")
+    if max(m, n, k) >= 2**31:  # the kernel takes sizes as Int32
+        raise ValueError(f"gemm sizes must be below 2**31, got M, N, K = {m}, {n}, {k}")
     out_dtype = out.dtype if out is not None else (out_dtype or a.dtype)
     if out_dtype not in GEMM_OUT_DTYPES:
         raise TypeError(f"out dtype {out_dtype}: float16, bfloat16 or float32")
@@ -661,7 +665,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
     result = out
     if result is None:  # pad the row so its stride is 16-byte aligned; return the view
-        per = 16 // torch.empty(0, dtype=out_dtype).element_size()
+        per = 16 // out_dtype.itemsize
         result = torch.empty(m, -(-n // per) * per, dtype=out_dtype, device=a.device)[:, :n]
     if m == 0 or n == 0:
         return result
@@ -676,9 +680,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                           split_k, stream_k, store_under_mma, split_sum, b_k_major=False)
     check_tile_for_b(cfg, b_k_major=b_ok.stride(1) == 1)
 
-    from cutetma.kernels.gemm_sm90 import HopperGemm
-
-    tensors = (_gemm_tensor(a_ok), _gemm_tensor(b_ok), _gemm_tensor(result))
     clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
     if config is None:  # the raster order for where this card puts the grid's CTAs
         cfg = _placed(cfg, m, n, k, a.device.index or 0, clusters)
@@ -695,11 +696,80 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             workspace = _k_workspace(a.device, tiles * cfg.split_k, tile_elems, tiles)
     if cfg.order_table:  # the tiles' order as a table (no workspace: order_table refuses it)
         workspace = (None, None, _order_table(cfg, m, n, a.device.index or 0, clusters))
-    key = ("gemm", a.dtype, result.dtype, b_ok.stride(1) == 1, cfg, clusters)
-    stream = _stream(a.device)
-    kernel = _compiled(key, lambda: HopperGemm(cfg), *tensors, clusters, stream, *workspace)
-    kernel(*tensors, stream, *workspace)  # max_active_clusters: a compile-time constant
+    b_k_major = b_ok.stride(1) == 1
+    launch = _gemm_launch(a.dtype, result.dtype, b_k_major, cfg, clusters, workspace)
+    launch((a_ok.data_ptr(), b_ok.data_ptr(), result.data_ptr(), m, n, a_ok.shape[1],
+            b_ok.shape[1], a_ok.stride(0), b_ok.stride(0 if b_k_major else 1), result.stride(0),
+            torch.cuda.current_stream(a.device).cuda_stream), workspace)
     return result
+
+
+_CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32"}
+
+
+class GemmLaunch:
+    """One compiled GEMM (``HopperGemm.from_pointers``), launched without the DSL's generic
+    argument conversion.
+
+    A compiled function's ``__call__`` turns every argument into a C pointer to its value
+    on each call (DLPack for tensors, adapters for streams): about 65 us of Python a GEMM on
+    this project's CPU machine, a third of an eager call's host cost on the H200's host
+    (``gemm_host_cost.json``). The pointer entry's runtime arguments are ten scalars, so a
+    launch here keeps ctypes slots for them, writes the call's values into the slots and
+    hands their addresses to the compiled program, as the DSL's own call does
+    (``tests/test_gemm_ptx.py::test_launch_args_match_the_dsl`` holds the two lists equal,
+    so a DSL whose convention changes fails there, not on the GPU). The workspace tensors
+    (split-K, stream-K, the order table) are DSL tensors made once and cached, whose
+    pointers are cached too."""
+
+    SLOTS = ((ctypes.c_void_p,) * 3 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))  # A, B, C; m, n, ka, kb; lda, ldb, ldc; the stream
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self._slots = [kind() for kind in self.SLOTS]
+        self._addresses = [ctypes.addressof(slot) for slot in self._slots]
+        self._run = None  # the executor, made on the first launch (it loads the module)
+        self._lock = threading.Lock()  # the slots are shared: one launch at a time
+
+    def args(self, values, workspace=()) -> list:
+        """The compiled program's argument list for ``values`` (the ten scalars in
+        ``SLOTS`` order) and the workspace tensors (``None`` where absent)."""
+        for slot, value in zip(self._slots, values, strict=True):
+            slot.value = value
+        return self._addresses + [p for t in workspace if t is not None
+                                  for p in t.__c_pointers__()]
+
+    def __call__(self, values, workspace=()) -> None:
+        with self._lock:
+            if self._run is None:
+                self._run = self.compiled.to().run_compiled_program
+            self._run(self.args(values, workspace))
+
+
+def _gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspace=()):
+    """The ``GemmLaunch`` of this configuration, compiled on its first use: one kernel per
+    (dtypes, B's major, configuration, cluster count); sizes and strides are runtime
+    values, so a new shape does not recompile."""
+    key = ("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters)
+    launch = _COMPILED.get(key)
+    if launch is None:
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        from cutetma.kernels.gemm_sm90 import HopperGemm
+
+        def pointer(dtype):  # only its type matters to the compiler
+            return make_ptr(getattr(cutlass, _CUTE_DTYPES[dtype]), 16, cute.AddressSpace.gmem,
+                            assumed_align=16)
+
+        compiled = cute.compile(HopperGemm(cfg).from_pointers, pointer(ab_dtype),
+                                pointer(ab_dtype), pointer(c_dtype), 1, 1, 1, 1, 1, 1, 1,
+                                b_k_major, clusters, make_fake_stream(), *workspace)
+        launch = _COMPILED[key] = GemmLaunch(compiled)
+    return launch
 
 
 _PLACED: dict = {}
@@ -815,13 +885,6 @@ def _k_workspace(device, slots: int, tile_elems: int, flags: int, zeroed: bool =
                 from_dlpack(flags_t, assumed_align=4).mark_layout_dynamic())
         _K_WORKSPACE[key] = held
     return held[2], held[3]
-
-
-def _gemm_tensor(x: torch.Tensor):
-    from cutlass.cute.runtime import from_dlpack
-
-    lead = 1 if x.stride(1) == 1 else 0
-    return from_dlpack(x, assumed_align=16).mark_layout_dynamic(leading_dim=lead)
 
 
 def gemm_ref(a: torch.Tensor, b: torch.Tensor, trans_b: bool = True) -> torch.Tensor:

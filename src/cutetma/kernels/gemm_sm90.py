@@ -461,6 +461,27 @@ class HopperGemm:
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
             min_blocks_per_mp=1, stream=stream)
 
+    @cute.jit
+    def from_pointers(self, pA: cute.Pointer, pB: cute.Pointer, pC: cute.Pointer,
+                      m: cutlass.Int32, n: cutlass.Int32, ka: cutlass.Int32, kb: cutlass.Int32,
+                      lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
+                      b_k_major: cutlass.Constexpr, max_active_clusters: cutlass.Constexpr,
+                      stream: cuda.CUstream, mPartials: cute.Tensor = None,
+                      mFlags: cute.Tensor = None, mOrder: cute.Tensor = None):
+        """``__call__`` from base pointers, sizes and row strides: A (m, ka) and C (m, n)
+        row-major, B (n, kb) K-major or, with ``b_k_major`` False, N-major. The tensors it
+        builds have the types ``from_dlpack(...).mark_layout_dynamic()`` gives (dynamic
+        Int32 sizes, a dynamic Int64 outer stride, the inner stride 1), so the kernel is
+        the same; a launch passes ten scalars instead of three DLPack tensors, which is
+        what lets ``cutetma.gemm`` skip the DSL's per-call argument conversion (``ops``)."""
+        mA = cute.make_tensor(pA, cute.make_layout((m, ka), stride=(lda, 1)))
+        if cutlass.const_expr(b_k_major):
+            mB = cute.make_tensor(pB, cute.make_layout((n, kb), stride=(ldb, 1)))
+        else:
+            mB = cute.make_tensor(pB, cute.make_layout((n, kb), stride=(1, ldb)))
+        mC = cute.make_tensor(pC, cute.make_layout((m, n), stride=(ldc, 1)))
+        self(mA, mB, mC, max_active_clusters, stream, mPartials, mFlags, mOrder)
+
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
