@@ -435,6 +435,42 @@ def test_order_table(fields):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_default_order_table_from_m_512(dtype):
+    """From M = 512 ``cutetma.gemm`` deals whole tiles from an order table by itself
+    (written 2026-12-02, session 20): its default configurations there (cooperative 128 x
+    256, pingpong 128 x 128 at short K, a (2, 1) multicast, 128 x 320 in (2, 1)) on shapes
+    that are not multiples of the tile, into poisoned outputs, each with its table built; a
+    shape whose first call is inside a CUDA-graph capture runs the placed band there (the
+    table needs a probe launch) and is still right on replay."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k in [(2000, 6100, 1000), (600, 16000, 500), (512, 4100, 4096),
+                    (2048, 5120, 5120), (8192, 1000, 64)]:
+        _default_into_poisoned(m, n, k, t, (t,))
+        assert any(key[0].order_table and key[1:3] == (m, n) for key in ops._ORDER_TABLES), (
+            m, n, k)
+    a = torch.randn(777, 640, device="cuda", dtype=t)
+    b = torch.randn(3001, 640, device="cuda", dtype=t)
+    out = torch.empty(777, 3001, device="cuda", dtype=t)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # compile outside the capture
+        ops.gemm(a, b, out=out, config=ops._config_for(777, 3001, 640, "tma", None, None,
+                 ops._sm_count(0), None, None, False, None, None))
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        ops.gemm(a, b, out=out)
+    replay_and_check(graph, a, b, out, 2)
+    out.fill_(float("nan"))
+    ops.gemm(a, b, out=out)  # outside a capture the table is built now
+    check(a, b, out)
+    assert any(key[1:3] == (777, 3001) for key in ops._ORDER_TABLES)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_multicast_at_small_m(dtype):
     """Where ``cutetma.gemm`` puts tiles in (2, 1) clusters by itself (M = 129..512, about
     one wave of tiles; 128 x 128, or 64 to 112 wide: 200 x 5000 and 250 x 7000 run 128 x 80

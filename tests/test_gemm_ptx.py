@@ -1205,10 +1205,30 @@ def test_launch_args_match_the_dsl(workspace):
     def address(p):
         return p.value if isinstance(p, ctypes.c_void_p) else int(p)
 
-    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs)):
+    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs, strict=True)):
         if i >= 11:  # the same cached descriptor
             assert address(mine) == address(dsl_arg)
             continue
         kind = ops.GemmLaunch.SLOTS[i]
         assert kind.from_address(address(mine)).value == values[i]
         assert kind.from_address(address(dsl_arg)).value == values[i], i
+
+
+def test_order_table_is_the_default_for_whole_tiles_from_m_512():
+    """``cutetma.gemm`` deals whole tiles from an order table from M = 512 (the sustained
+    sweep at the cap: 35 of 36 cells faster at M = 2048 / 8192), not split-K or stream-K
+    units, not below M = 512, and not where a cluster coordinate would not fit the table's
+    16 bits."""
+    from cutetma import ops
+
+    def cfg(m, n, k, **kw):
+        return ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k, **kw)
+
+    assert ops.order_table_pays(8192, 8192, cfg(8192, 8192, 8192))
+    assert ops.order_table_pays(512, 4096, cfg(512, 4096, 4096))
+    assert ops.order_table_pays(2048, 16384, cfg(2048, 16384, 512))  # pingpong
+    assert not ops.order_table_pays(256, 4096, cfg(256, 4096, 4096))
+    split = cfg(512, 512, 5120)
+    assert split.split_k > 1 and not ops.order_table_pays(512, 512, split)
+    assert not ops.order_table_pays(8192, 8192, cfg(8192, 8192, 8192, stream_k=True))
+    assert not ops.order_table_pays(512, 128 * (1 << 15), GemmConfig(tile_n=128))

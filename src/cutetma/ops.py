@@ -618,9 +618,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     Ignored where K is not split.
     ``config``: a full ``kernels.gemm_sm90.GemmConfig`` (stages, rasterization, epilogue
     width and buffers), overriding ``load``, ``cluster`` and ``tile``. Without it the tiles'
-    raster order is chosen for where this card puts the grid's CTAs (``cutetma.placement``:
-    the first call on a device compiles and runs a few probe kernels, once per process and
-    grid size; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order).
+    order is chosen for where this card puts the grid's CTAs (``cutetma.placement``: the
+    first call on a device compiles and runs a few probe kernels, once per process and grid
+    size): from M = 512 (whole tiles) an order table built on a shape's first call and kept
+    on the device (``order_table_pays``), else the raster band with the fewest modelled L2
+    reads; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order.
 
     An eager call costs the host about 0.2 ms on the H200's machine (the DSL's argument
     packing, three DLPack conversions; the configuration is remembered per shape), about six
@@ -681,8 +683,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     check_tile_for_b(cfg, b_k_major=b_ok.stride(1) == 1)
 
     clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
-    if config is None:  # the raster order for where this card puts the grid's CTAs
-        cfg = _placed(cfg, m, n, k, a.device.index or 0, clusters)
+    if config is None:  # the tile order for where this card puts the grid's CTAs
+        cfg = _ordered(cfg, m, n, k, a.device.index or 0, clusters)
     workspace = ()
     tile_elems = cfg.tile_m * cfg.tile_n
     if cfg.stream_k:  # a slot and a ready flag per CTA
@@ -805,6 +807,44 @@ def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
         band, along_m = placement.choose_raster(m, n, k, cfg, gpcs, l2)
         _PLACED[key] = dataclasses.replace(cfg, raster_swizzle=band, raster_along_m=along_m)
     return _PLACED[key]
+
+
+# From this M, ``cutetma.gemm`` deals its tiles from an order table (``GemmConfig.
+# order_table``, ``placement.order_table``) instead of the placed band. On the H200 at its
+# 690 W cap (gemm_sustained_grid.json, 2026-12-02: the grid's 36 cells at M = 2048 / 8192,
+# 2 s phases of CUDA-graph replays, fp16) the table was faster than the placed band in 35 of
+# 36 cells, +1.2% / +2.0% geomean (0.991 -> 1.003x / 0.981 -> 1.001x cuBLAS): one GPC's
+# CTAs read fewer distinct lines, so the L2 merges more of their loads, the card draws less
+# power for the same work and the cap leaves it a higher clock. In short interleaved windows
+# (session 18, 2 runs over the grid's cells) +0.7% at M = 512 (25 of 34 cells), even at
+# M = 256, and 0.99x at M = 8192, where the windows' clock is the previous kernel's
+# (gemm_window_ab_400.json: 1.021x with 400 ms windows at the headline shapes)
+TABLE_MIN_M = 512
+
+
+def order_table_pays(m: int, n: int, cfg) -> bool:
+    """Whether ``cutetma.gemm`` deals this configuration's tiles from an order table: whole
+    tiles (the table orders tiles, not split-K or stream-K units), M >= ``TABLE_MIN_M`` and
+    fewer than 2^15 clusters along M and N (the table packs a cluster's coordinates into 16
+    bits each, ``placement.pack``)."""
+    fits = all(-(-size // (tile * cl)) < 1 << 15 for size, tile, cl in
+               ((m, cfg.tile_m, cfg.cluster_m), (n, cfg.tile_n, cfg.cluster_n)))
+    return m >= TABLE_MIN_M and cfg.split_k == 1 and not cfg.stream_k and fits
+
+
+def _ordered(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
+    """``cfg`` with the tile order ``cutetma.gemm`` runs by default: the order table where
+    ``order_table_pays`` (built from the probed placement on this shape's first call; a
+    CUDA-graph capture that finds it unbuilt keeps the placed band), else the placed band
+    (``_placed``). Both are off with ``CUTETMA_PLACEMENT=0``."""
+    from cutetma import placement
+
+    if placement.enabled() and order_table_pays(m, n, cfg):
+        table_cfg = dataclasses.replace(cfg, order_table=True)
+        if not torch.cuda.is_current_stream_capturing() or (
+                (table_cfg, m, n, device_index, clusters) in _ORDER_TABLES):
+            return table_cfg
+    return _placed(cfg, m, n, k, device_index, clusters)
 
 
 _ORDER_TABLES: dict = {}
