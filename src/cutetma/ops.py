@@ -624,10 +624,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     on the device (``order_table_pays``), else the raster band with the fewest modelled L2
     reads; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order.
 
-    An eager call costs the host about 0.2 ms on the H200's machine (the DSL's argument
-    packing, three DLPack conversions; the configuration is remembered per shape), about six
-    times torch.matmul's: a GEMM whose kernel is shorter is host-bound when called eagerly.
-    Inside a CUDA graph (``torch.cuda.graph``) that cost is paid once, at capture.
+    An eager call costs the host about 70 us on the H200's machine (session 20; 190-275 us
+    before the launch skipped the DSL's argument conversion, ``GemmLaunch``), against
+    torch.matmul's 26-28 us: a GEMM whose kernel is shorter is host-bound when called
+    eagerly. Inside a CUDA graph (``torch.cuda.graph``) that cost is paid once, at capture.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -840,11 +840,18 @@ def _ordered(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
     from cutetma import placement
 
     if placement.enabled() and order_table_pays(m, n, cfg):
-        table_cfg = dataclasses.replace(cfg, order_table=True)
+        table_cfg = _with_order_table(cfg)
         if not torch.cuda.is_current_stream_capturing() or (
                 (table_cfg, m, n, device_index, clusters) in _ORDER_TABLES):
             return table_cfg
     return _placed(cfg, m, n, k, device_index, clusters)
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_order_table(cfg):
+    """``cfg`` with ``order_table`` on, made once per configuration (a ``dataclasses.
+    replace`` re-runs ``GemmConfig``'s checks: a tenth of an eager call's host cost)."""
+    return dataclasses.replace(cfg, order_table=True)
 
 
 _ORDER_TABLES: dict = {}
