@@ -9,6 +9,30 @@ steps (``gemm_bench``, ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``atte
 ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 20's calls (4 calls, about 1,750 s; ``.gpu/run1.sh`` .. ``run4.sh``, three of them
+started by helper agents; ``CELLS``: 4096^3 and the grid's cells with M >= 256)::
+
+    python benchmarks/gemm.py --cells 256x16384x512 256x32768x512 256x24576x1536 \
+        --name gemm_pp_cells                                                   # 56 s
+    python benchmarks/gemm_ab.py --rounds 3 --window-ms 25 (and 400) --name \
+        gemm_window_ab_25 --cells 8192x8192x8192 4096x4096x4096 --kernels ours \
+        ours:order_table=1                                                     # 12 / 20 s
+    python benchmarks/gemm_sustained.py --seconds 2 --rounds 1 --grid-m 2048 8192 \
+        --name gemm_sustained_grid --kernels cublas ours ours:order_table=1    # 274 s
+    python benchmarks/gemm_host_cost.py --cells 256x6144x4096 4096x4096x4096  # 15 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_gemm_gpu.py \
+        --shards 4 --tests-budget 330          # 131 passed, 2 failed (a test's buffer), 228 s
+    python benchmarks/gemm_ab.py --rounds 2 --dtype float16 (and bfloat16) --name \
+        gemm_default_ab_float16 --cells $CELLS --kernels ours                  # 47 / 51 s
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k default_order_table  # 2 passed
+    python benchmarks/gemm.py --dtypes float16 --name gemm_float16             # 340 s
+    python benchmarks/gemm.py --dtypes bfloat16 --cells <4096^3 and the M = 512 / 2048 /
+        8192 cells> --name gemm_bf16_table_cells
+    python benchmarks/gemm.py --merge gemm.json <each of the grid files>       # no GPU
+
+Next: the bf16 grid at M = 16 / 64 / 256 on this build (one file, one build); M = 256; the
+attention launch through a pointer entry as the GEMM's (``ops.GemmLaunch``).
+
 Session 19's calls (4 calls, 1,735 s; ``.gpu/run1.sh``, ``run2.sh`` with ``D=float16`` /
 ``bfloat16``)::
 
