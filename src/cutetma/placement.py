@@ -30,14 +30,16 @@ cuBLAS, the chosen order ran 2.8% (fp16) / 3.9% (bf16) faster than the default b
 others 0.6-0.7% (the A/B's noise) (``gemm_order_ab_float16.json``,
 ``gemm_placed_ab_bfloat16.json``).
 
-``order_table`` goes further (``GemmConfig.order_table``, opt-in): each wave keeps the default
+``order_table`` goes further (``GemmConfig.order_table``): each wave keeps the default
 band's clusters (the same DRAM traffic) but deals them so one GPC gets a compact block. The
 model halves the L2 sectors at most shapes; measured at 8192 x 8192 x 4096 174 -> 145 M
 sectors, the SM clock 1.48 -> 1.50 GHz and the kernel 749 -> 732 us (cuBLAS 738; ncu), and
 in kernel times 2048 x 512 x 4096 18.6 -> 16.6 us; graph-timed over the 73 cells it is even
 with the chosen band (0.998x); at the 690 W power cap (session 19, 4 s phases) it was 0.9-1.5%
 ahead of the default at 8192^3, 4096^3 and 8192 x 14336 x 4096, its fewer L2 bytes buying
-back cuBLAS's clock. Not the default until a sustained sweep of the large cells says so.
+back cuBLAS's clock. The sustained sweep of the grid's 36 cells at M = 2048 / 8192 (session
+20, 2 s phases of graph replays, ``gemm_sustained_grid.json``) had it ahead of the chosen band
+in 35, by 1.2% / 2.0%: ``cutetma.gemm`` runs it from M = 512 (``ops.order_table_pays``).
 
 The GPC of each CTA comes from ``PlacementProbe`` runs on the device itself (floorswept
 chips differ: this H200 has GPCs of 18, 16 and 8 SMs), once per process and grid;
