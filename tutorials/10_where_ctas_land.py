@@ -35,8 +35,11 @@ a wave of 132 tiles then spans all of A (64 MB), more than the 50 MB L2 keeps fo
 wave, so DRAM reads triple. ``cutetma.gemm`` therefore takes the order with the fewest
 modelled L2 sectors among those that read no more from DRAM than the default
 (``cutetma.placement.choose_raster``, section 4), on the placement it probes on the card it
-runs on (once per process; a chip's floorsweeping decides its GPCs). The order only moves
-tiles between CTAs: every tile is computed whatever the probe said.
+runs on (once per process; a chip's floorsweeping decides its GPCs). From M = 512 it goes
+one step further and deals each wave's tiles from a table (``GemmConfig.order_table``), so
+that one GPC's CTAs get a compact block: at the card's power cap that was 1-2% faster over
+the grid's large shapes (session 20). The order only moves tiles between CTAs: every tile is
+computed whatever the probe said.
 
 Kernel: ``cutetma.kernels.gemm_sm90`` (``GemmConfig.raster_swizzle`` / ``raster_along_m``);
 the model: ``cutetma.placement``; the measurements: ``benchmarks/sm_placement.py``,
@@ -167,8 +170,9 @@ def on_the_gpu() -> None:
     placed = graph_time_ms(lambda: ops.gemm(a, b))
     cublas = graph_time_ms(lambda: a @ b.T)
     err = (placed_out.float() - ref).abs().max().item()
-    print(f"  default order {default * 1e3:.1f} us, placed {placed * 1e3:.1f} us, cuBLAS "
-          f"{cublas * 1e3:.1f} us (graph replays); max error of the placed run {err:.3g}")
+    print(f"  default order {default * 1e3:.1f} us, cutetma.gemm's order (here the table) "
+          f"{placed * 1e3:.1f} us, cuBLAS {cublas * 1e3:.1f} us (graph replays); max error of "
+          f"its run {err:.3g}")
 
 
 def main() -> int:
