@@ -472,7 +472,7 @@ class HopperGemm:
         row-major, B (n, kb) K-major or, with ``b_k_major`` False, N-major. The tensors it
         builds have the types ``from_dlpack(...).mark_layout_dynamic()`` gives (dynamic
         Int32 sizes, a dynamic Int64 outer stride, the inner stride 1), so the kernel is
-        the same; a launch passes ten scalars instead of three DLPack tensors, which is
+        the same; a launch passes eleven scalars instead of three DLPack tensors, which is
         what lets ``cutetma.gemm`` skip the DSL's per-call argument conversion (``ops``)."""
         mA = cute.make_tensor(pA, cute.make_layout((m, ka), stride=(lda, 1)))
         if cutlass.const_expr(b_k_major):
