@@ -1115,19 +1115,6 @@ def test_gemm_remembers_its_configuration_per_shape():
             ops._config_for(256, 256, 256, "tma", None, 128, 132, None, 1, False, None, None)
 
 
-def _like_from_dlpack(dtype, k_major: bool = True):
-    """A fake operand with the type ``from_dlpack(x).mark_layout_dynamic()`` gives a torch
-    tensor: dynamic sizes, a dynamic 64-bit outer stride, no divisibility claims."""
-    from cutetma import dsl
-
-    _, cute = dsl.cutlass()
-    from cutlass.cute.runtime import make_fake_tensor
-
-    stride = (cute.sym_int64(), 1) if k_major else (1, cute.sym_int64())
-    return make_fake_tensor(dtype, (cute.sym_int32(), cute.sym_int32()), stride,
-                            assumed_align=16)
-
-
 @pytest.mark.parametrize("cfg,b_k_major", [
     (GemmConfig(tile_n=128, store_under_mma=True), True),
     (GemmConfig(tile_n=128, load="cp_async"), False),
@@ -1144,8 +1131,11 @@ def test_pointer_entry_compiles_the_same_kernel(cfg, b_k_major):
     from cutetma.kernels.gemm_sm90 import HopperGemm
 
     f16 = cutlass.Float16
-    by_tensors = dsl.compile_ptx(HopperGemm(cfg), _like_from_dlpack(f16),
-                                 _like_from_dlpack(f16, b_k_major), _like_from_dlpack(f16), 132,
+
+    def operand(k_major=True):  # the type a torch tensor's from_dlpack gives
+        return kernels.fake_operand(f16, k_major, as_from_dlpack=True)
+
+    by_tensors = dsl.compile_ptx(HopperGemm(cfg), operand(), operand(b_k_major), operand(), 132,
                                  make_fake_stream())
 
     def pointer():

@@ -174,16 +174,19 @@ def compile_showcase():
     return shown
 
 
-def fake_operand(dtype, k_major: bool = True):
+def fake_operand(dtype, k_major: bool = True, as_from_dlpack: bool = False):
     """A 2D fp16/bf16 GEMM operand of dynamic shape, 16-byte aligned: (rows, K) with K
-    contiguous, or (rows, K) with rows contiguous (an N-major B)."""
+    contiguous, or (rows, K) with rows contiguous (an N-major B). ``as_from_dlpack``: no
+    divisibility claims on the inner size and the stride, the type ``from_dlpack(x).
+    mark_layout_dynamic()`` gives a torch tensor."""
     from cutetma import dsl
 
     _, cute = dsl.cutlass()
     from cutlass.cute.runtime import make_fake_tensor
 
-    rows, inner = cute.sym_int32(), cute.sym_int32(divisibility=8)
-    stride = cute.sym_int64(divisibility=8)
+    div = 1 if as_from_dlpack else 8
+    rows, inner = cute.sym_int32(), cute.sym_int32(divisibility=div)
+    stride = cute.sym_int64(divisibility=div)
     if k_major:
         return make_fake_tensor(dtype, (rows, inner), (stride, 1), assumed_align=16)
     return make_fake_tensor(dtype, (inner, rows), (1, stride), assumed_align=16)
