@@ -221,7 +221,7 @@ def profile_source(out_dir: Path, prefix: str, name: str, workload_args, describ
     summary = {"meta": results.meta(command), **describe,
                "launch": {m: launch[0].get(m) for m in LAUNCH_METRICS} if launch else None,
                **summarize_sass(rows), "stderr_tail": (proc.stderr + page.stderr)[-1500:]}
-    (out_dir / f"{prefix}_{name}.json").write_text(json.dumps(summary, indent=1))
+    (out_dir / f"{prefix}_{name}.json").write_text(results.dumps(summary))
     Path(f"{report}.ncu-rep").unlink(missing_ok=True)  # large; the CSV has what we read
     return proc.returncode or page.returncode
 
@@ -253,10 +253,10 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
     from cutetma import results
 
     command = " ".join(cmd[:-3 - len(workload_args)])
-    out.write_text(json.dumps({"meta": results.meta(command), "rows": table,
-                               "order": list(order), "families": listed,
-                               "stdout_tail": proc.stdout[-3000:],
-                               "stderr_tail": proc.stderr[-2000:]}, indent=1))
+    out.write_text(results.dumps({"meta": results.meta(command), "rows": table,
+                                  "order": list(order), "families": listed,
+                                  "stdout_tail": proc.stdout[-3000:],
+                                  "stderr_tail": proc.stderr[-2000:]}))
     for r in table:
         print(r)
     return proc.returncode
@@ -309,8 +309,10 @@ def collect_source(out_dir: Path, name: str = "gemm_sass") -> Path:
                 f"{out_dir.name} " + " ".join(f"{r['M']}x{r['N']}x{r['K']}/" + ",".join(
                     f"{k}={'x'.join(map(str, v)) if isinstance(v, list) else v}"
                     for k, v in r["config"].items()) for r in rows))
+    from cutetma import results
+
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    path.write_text(results.dumps({"meta": meta, "rows": rows}))
     return path
 
 

@@ -17,7 +17,6 @@ of each CTA index.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
     command = "python benchmarks/sm_placement.py " + " ".join(argv or sys.argv[1:])
     doc = {"meta": results.meta(command), "sm_count": sm_count, "gpc_of_sm": gpc,
            "sms_per_gpc": sizes, "rows": launches}
-    (out / "sm_placement.json").write_text(json.dumps(doc, separators=(",", ":")))
+    (out / "sm_placement.json").write_text(results.dumps(doc))
     print("wrote", out / "sm_placement.json", torch.cuda.get_device_name())
     return 0
 

@@ -184,9 +184,11 @@ def plot(rows, path: Path):
 def resummarize(path: Path) -> Path:
     """Recompute ``meta.summary`` of an existing JSON from its rows (the rest of meta is kept)
     and redraw the PNG beside it; needs no GPU."""
+    from cutetma import results
+
     doc = json.loads(path.read_text())
     doc["meta"]["summary"] = summarize(doc["rows"])
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(results.dumps(doc))
     plot(doc["rows"], path.with_suffix(".png"))
     return path
 
