@@ -230,8 +230,9 @@ def test_store_under_mma_many_tiles_relaunch_and_graph_replay(tile):
 def test_split_k_is_bitwise_reproducible(cut):
     """The last slice to arrive sums every slice's partial in slot order, so which slice
     that is (it varies from launch to launch) does not change a bit of the result; with
-    ``torch.use_deterministic_algorithms(True)`` the automatic choice (here 8 slices, which
-    would otherwise add atomically) keeps that promise."""
+    ``torch.use_deterministic_algorithms(True)`` the automatic choice (here 64 x 80 tiles in
+    4 ordered slices over (2, 1) clusters; without it 64 x 128 in 8 atomic ones) keeps that
+    promise."""
     import torch
 
     from cutetma import ops
@@ -370,6 +371,27 @@ def test_automatic_wide_multicast(dtype):
         a = torch.randn(m, k, device="cuda", dtype=t)
         b_kn = torch.randn(k, n, device="cuda", dtype=t)
         check(a, b_kn, ops.gemm(a, b_kn, trans_b=False), trans_b=False)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fitted_64_row_tiles(dtype):
+    """Where ``cutetma.gemm`` narrows 64 x 128 tiles to fill the SMs (written 2026-12-02):
+    64 x 96 alone (512 x 1536, the order table) and in two K slices multicast over (2, 1)
+    clusters (256 x 1536), at the measured shapes and at sizes that are not multiples of
+    the tile, into poisoned fp16 / bf16 and fp32 outputs."""
+    import torch
+
+    from cutetma import ops
+
+    t = getattr(torch, dtype)
+    for m, n, k, width, cluster in [
+            (512, 1536, 5120, 96, (1, 1)), (256, 1536, 5120, 96, (2, 1)),
+            (200, 1528, 5000, 96, (2, 1)), (208, 432, 3000, 112, (2, 1)),
+            (208, 256, 1000, 80, (2, 1)), (136, 520, 3000, 112, (1, 1))]:
+        cfg = ops._gemm_config(m, n, "tma", None, None, ops._sm_count(0), split_k=None, k=k)
+        assert (cfg.tile_m, cfg.tile_n) == (64, width), (m, n, k, cfg)
+        assert (cfg.cluster_m, cfg.cluster_n) == cluster, (m, n, k, cfg)
+        _default_into_poisoned(m, n, k, t)
 
 
 def _default_into_poisoned(m, n, k, dtype, out_dtypes=None, **options):

@@ -323,8 +323,11 @@ def test_split_for_waves_follows_the_wave_model(mnk, tile, split):
     ((256, 512, 5120), (64, 128), 8, "atomic"),    # 16 tiles x 8 slices: 0.95x cuBLAS
     ((512, 512, 5120), (64, 128), 4, "atomic"),    # 32 x 4 (128 x 128, 4 ordered: 0.78x)
     ((2048, 512, 5120), (64, 128), 1, "ordered"),  # 128 tiles: no hand-over at all
-    ((512, 1536, 5120), (64, 128), 1, "ordered"),  # 0.88x; 128 x 128, 2 slices: 0.80x
-    ((256, 1536, 5120), (64, 128), 2, "ordered"),  # 0.87-0.91x; 128 x 128, 4: 0.82-0.83x
+    # 64 x 128: 0.88x; 128 x 128 in 2 slices 0.80x; 64 x 96 in 128 tiles 0.965x (2026-12-02)
+    ((512, 1536, 5120), (64, 96), 1, "ordered"),
+    # 64 x 128: 0.87-0.91x; 128 x 128 in 4 slices 0.82-0.83x; 64 x 96 in 2: 0.90x alone,
+    # 0.96x in (2, 1) clusters (test_fitted_64_row_tiles_and_their_multicast)
+    ((256, 1536, 5120), (64, 96), 2, "ordered"),
     ((512, 5120, 5120), (128, 160), 1, "ordered"),  # 128 x 256: 80 tiles; 128 x 160: 128
     ((256, 12288, 5120), (128, 192), 1, "ordered"),  # 96 tiles of 128 x 256, 128 x 192: 128
     ((2048, 5120, 5120), (128, 160), 1, "ordered"),  # 2.4 waves of 128 x 256, 3.9 of x 160
@@ -429,6 +432,47 @@ def test_automatic_multicast_follows_the_measurements(mnk, shared):
                                 ("tma", None, (128, 256))):  # anything given: no cluster
         other = ops._gemm_config(m, n, load, cluster, tile, 132, split_k=None, k=k)
         assert (other.cluster_m, other.cluster_n) == (1, 1)
+
+
+@pytest.mark.parametrize("mnk,tile,split,cluster", [
+    # gemm_n1536_m*_ab_*.json (H200, 2026-12-02, 3 interleaved rounds, fp16 and bf16): 64 x 96
+    # in 128 units against 64 x 128 in 96 (0.88-0.89x cuBLAS)
+    ((512, 1536, 5120), (64, 96), 1, (1, 1)),  # 0.965x; in (2, 1) 0.94x (the table runs)
+    ((256, 1536, 5120), (64, 96), 2, (2, 1)),  # 0.96x; alone 0.90x (no table: split K)
+    ((200, 1536, 5000), (64, 96), 2, (2, 1)),  # 4 tile rows, the last partial: they pair up
+    ((256, 512, 5120), (64, 128), 8, (1, 1)),  # 128 units: narrower would make two waves
+    ((2048, 512, 5120), (64, 128), 1, (1, 1)),
+])
+def test_fitted_64_row_tiles_and_their_multicast(mnk, tile, split, cluster):
+    from cutetma import ops
+
+    m, n, k = mnk
+    assert ops.auto_tile_and_split(m, n, k) == (tile, split)
+    cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (*tile, split)
+    assert (cfg.cluster_m, cfg.cluster_n) == cluster
+    assert ops.small_tile_cluster(m, tile, split) == (cluster == (2, 1))
+    for load, given in (("cp_async", None), ("tma", (1, 1))):  # no cluster unless automatic
+        other = ops._gemm_config(m, n, load, given, None, 132, split_k=None, k=k)
+        assert (other.tile_n, other.cluster_m, other.cluster_n) == (tile[1], 1, 1)
+    # the model's k-tile of the narrower tile sits below 64 x 128's, as measured
+    assert ops.k_tile_time((64, 96)) == pytest.approx(0.32)
+    assert ops.k_tile_time((64, 128)) == ops.K_TILE_TIME[(64, 128)]
+
+
+@pytest.mark.parametrize("mnk", [(256, 1536, 5120), (208, 432, 3000)])
+def test_fitted_64_row_tiles_compile_with_their_multicast(mnk):
+    """The automatic 64-row tiles narrower than 128, K split in (2, 1) clusters: one
+    m64nWk16 WGMMA per k-step, B multicast, the slices summed in the kernel (ordered at two
+    slices, atomic at eight)."""
+    from cutetma import ops
+
+    cfg = ops._gemm_config(*mnk[:2], "tma", None, None, 132, split_k=None, k=mnk[2])
+    assert cfg.cluster_m == 2 and cfg.split_k > 1 and cfg.tile_n < 128
+    ptx = kernels.compile_gemm(cfg, "BFloat16").ptx
+    assert f"{WGMMA}.m64n{cfg.tile_n}k16.f32.bf16.bf16" in ptx
+    assert MCAST in ptx and "atom.global.acq_rel.add" in ptx
+    assert ("red.relaxed.gpu.global.add.v4.f32" in ptx) == (cfg.split_sum == "atomic")
 
 
 @pytest.mark.parametrize("mnk,wide", [

@@ -52,7 +52,9 @@ M <= 512 an unsplit 128 x 256 narrows to the width with as many waves (128 x 224
 cuts each SM's loads by a quarter (``ops.multicast_tile``; section 4 lists a few choices).
 A fitted tile needs no hand-over at all, so
 it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
-width fits (N = 512 or 1536).
+width fits (N = 512 or 1536), and there the 64-row tiles narrow too, to the width that makes
+as many waves of units (64 x 96 at N = 1536: 0.88 -> 0.96x cuBLAS at M = 256 and 512, in
+(2, 1) clusters where K is cut, ``ops.small_tile_cluster``).
 
 Kernel: ``cutetma.kernels.gemm_sm90``; entry point ``cutetma.gemm(a, b, split_k=...,
 stream_k=...)`` (no options: the model's choice). ``benchmarks/gemm.py --every`` records
@@ -181,7 +183,8 @@ def the_model() -> str:
     print(f"  chosen: {tile[0]}x{tile[1]}, split_k={split}")
     print("what cutetma.gemm(a, b) runs with no options (tile, slices, how they meet, cluster):")
     for shape in [(8192, 8192, 8192), SHAPE, (2048, 512, 5120), (256, 512, 5120),
-                  (16, 1536, 5120), (256, 8192, 8192), (256, 5120, 5120), (256, 14336, 4096)]:
+                  (512, 1536, 5120), (256, 1536, 5120), (16, 1536, 5120), (256, 8192, 8192),
+                  (256, 5120, 5120), (256, 14336, 4096)]:
         print(f"  {'x'.join(map(str, shape)):>16}: {describe(shape)}")
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)  # the atomic sum's bits depend on arrival order

@@ -222,6 +222,10 @@ def wave_efficiency(m: int, n: int, tile=(128, 256), sm_count: int = 132) -> flo
 # takes 0.35 / 0.56 of its time, since each SM's loads, not its WGMMAs, bound such a tile
 K_TILE_TIME = {(128, 256): 1.0, (128, 192): 0.8, (128, 160): 0.69, (128, 128): 0.56,
                (64, 128): 0.35}
+# Narrower 64-row tiles (FIT_64_WIDTHS): 64 x 96 ran 512 x 1536 x 5120 in 128 tiles 1.09x as
+# fast as 64 x 128 in 96 (one wave each; gemm_n1536_m512_ab_*.json, H200, 2026-12-02), so a
+# k-tile of it takes 0.32 (its loads, 20 KB against 24, bound it); a line through the two
+K_TILE_64 = (0.23, 0.12)  # a k-tile of a 64 x w tile: 0.23 + 0.12 * w / 128
 # the tiles ``cutetma.gemm`` chooses from for M > 64: the widths between 128 and 256 fit a
 # shape's tiles to the SMs (512 x 5120: 80 tiles of 128 x 256 on 132 SMs, 128 of 128 x 160);
 # 64 x 128 gives outputs of a few 128 x 128 tiles enough units for the SMs (2048 x 512: 128
@@ -230,11 +234,16 @@ AUTO_TILES = ((128, 256), (128, 192), (128, 160), (128, 128), (64, 128))
 
 
 def k_tile_time(tile) -> float:
-    """``K_TILE_TIME`` where measured, else a line through 128 x 128 and 128 x 256: a fixed
-    cost per k-tile (barriers, issue) plus WGMMA time in proportion to the tile's width."""
+    """``K_TILE_TIME`` where measured, else a line through 128 x 128 and 128 x 256 (64-row
+    tiles up to 128 wide: ``K_TILE_64``): a fixed cost per k-tile (barriers, issue) plus
+    WGMMA time or loads in proportion to the tile's width."""
     tile = tuple(tile)
-    if tile in K_TILE_TIME or tile[0] != 128:
-        return K_TILE_TIME.get(tile, 1.0)
+    if tile in K_TILE_TIME:
+        return K_TILE_TIME[tile]
+    if tile[0] == 64 and tile[1] <= 128:
+        return K_TILE_64[0] + K_TILE_64[1] * tile[1] / 128
+    if tile[0] != 128:
+        return 1.0
     return 0.1 + 0.9 * tile[1] / 256
 
 
@@ -296,15 +305,16 @@ def wave_split(m: int, n: int, k: int, tile=(128, 128), sm_count: int = 132,
 
 
 def fit_width(m: int, n: int, waves: int = 1, tile_m: int = 128, sm_count: int = 132,
-              widths=range(64, 257, 16)) -> int | None:
-    """The narrowest tile width (a multiple of 16, 64 to 256) whose ``tile_m``-row tiles
-    make at most ``waves`` waves of the SMs, or None when even 256 makes more. For a given
-    count of waves the narrowest is the fastest: every SM runs as many tiles as before, each
-    with less to do. cuBLAS picks its tiles so on the H200 (``cublas_kernels.json``: 256 x
-    5120 in 80-wide tiles, 256 x 6144 in 96-wide: 128 tiles each, one wave)."""
+              widths=range(64, 257, 16), slices: int = 1) -> int | None:
+    """The narrowest tile width (a multiple of 16, 64 to 256) whose ``tile_m``-row tiles,
+    each cut into ``slices`` K slices, make at most ``waves`` waves of the SMs, or None when
+    even the widest makes more. For a given count of waves the narrowest is the fastest:
+    every SM runs as many units as before, each with less to do. cuBLAS picks its tiles so
+    on the H200 (``cublas_kernels.json``: 256 x 5120 in 80-wide tiles, 256 x 6144 in
+    96-wide: 128 tiles each, one wave; 512 x 1536 in 64 x 96)."""
     tiles_m = -(-m // tile_m)
     for width in widths:
-        if tiles_m * -(-n // width) <= waves * sm_count:
+        if tiles_m * -(-n // width) * slices <= waves * sm_count:
             return width
     return None
 
@@ -338,18 +348,38 @@ def pingpong_pays(m: int, n: int, k: int, sm_count: int = 132) -> bool:
 # at M = 2048 (three or four waves) such widths measured 0.97-0.99x 128 x 256, so larger M
 # keep it
 FIT_256_MAX_M = 512
+# The same for 64 x 128 tiles, split or not: the narrowest width from 80 that makes as many
+# waves of units. On the H200 (2026-12-02, 3 interleaved rounds, both dtypes) 64 x 96 in 128
+# units against 64 x 128 in 96: 512 x 1536 x 5120 1.09x (0.88 -> 0.965x cuBLAS), and at
+# 256 x 1536 x 5120 (two K slices) 1.02x alone, 1.09x with B multicast (``small_tile_cluster``)
+FIT_64_WIDTHS = range(80, 129, 16)
 
 
 def auto_tile_and_split(m: int, n: int, k: int, sm_count: int = 132):
     """``cutetma.gemm``'s choice for M > 64: the (tile, slices) of least ``grid_time``; for
     M <= ``FIT_256_MAX_M`` an unsplit 128 x 256 becomes the narrowest width with as many
-    waves (``fit_width``)."""
+    waves (``fit_width``), and a 64 x 128 tile the narrowest of ``FIT_64_WIDTHS`` with as
+    many waves of units."""
     options = [(tile, split_for_waves(m, n, k, tile, sm_count)) for tile in AUTO_TILES]
     tile, split = min(options, key=lambda o: grid_time(m, n, k, o[0], o[1], sm_count))
     if tile == (128, 256) and split == 1 and m <= FIT_256_MAX_M:
         tile = (128, fit_width(m, n, wave_count(m, n, tile, sm_count), 128, sm_count,
                                range(144, 257, 16)))
+    elif tile == (64, 128):
+        waves = wave_count(m, n, tile, sm_count, split)
+        tile = (64, fit_width(m, n, waves, 64, sm_count, FIT_64_WIDTHS, split))
     return tile, split
+
+
+def small_tile_cluster(m: int, tile, split: int) -> bool:
+    """Whether ``cutetma.gemm`` multicasts B over (2, 1) clusters of a fitted 64-row tile
+    (narrower than 128, ``auto_tile_and_split``): where the order table does not run (K
+    split, or M < ``TABLE_MIN_M``), whose placement lets the L2 merge the same reads instead,
+    and the tile rows pair up. On the H200 (2026-12-02) 64 x 96 in two K slices at 256 x 1536
+    x 5120: 1.09x 64 x 128 with the multicast, 1.02x without; unsplit at 512 x 1536 x 5120,
+    where the table runs, 0.98x the same tile alone."""
+    return (tile[0] == 64 and tile[1] < 128 and -(-m // 64) % 2 == 0
+            and (split > 1 or m < TABLE_MIN_M))
 
 
 # A k-tile of a 128 x 128 tile whose B tile is multicast to both CTAs of a (2, 1) cluster, in
@@ -464,6 +494,8 @@ def _gemm_config(m: int, n: int, load: str, cluster, tile, sm_count: int,
                 elif auto_cluster and (
                         shared := multicast_tile(m, n, k, sm_count, (tile, split_k))):
                     tile, cluster, split_k = shared, (2, 1), 1
+                elif auto_cluster and small_tile_cluster(m, tile, split_k):
+                    cluster = (2, 1)
                 elif auto_cluster and b_k_major and wide_multicast_pays(
                         m, n, k, sm_count, (tile, split_k)):
                     # an N-major B cannot feed 160-column WGMMAs (check_tile_for_b)
@@ -587,8 +619,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     larger M (an even count of 128-row tiles, B K-major) 128 x 320 tiles in (2, 1) clusters
     where 128 x 256 tiles would fill the last wave badly (``wide_multicast_pays``: 2048 x
     5120, 2048 x 7680, as cuBLAS there); ``cluster=(1, 1)`` keeps one CTA per cluster. At
-    M <= 512 an unsplit 128 x 256 tile narrows to the width with as many waves
-    (``auto_tile_and_split``). ``tile`` (tile_m, tile_n): tile_m 64 or 128, tile_n a
+    M <= 512 an unsplit 128 x 256 tile narrows to the width with as many waves, and a
+    64 x 128 tile (small outputs) to the width (80 to 112) with as many waves of units
+    (``auto_tile_and_split``), multicast in (2, 1) clusters where K is split or M < 512
+    (``small_tile_cluster``). ``tile`` (tile_m, tile_n): tile_m 64 or 128, tile_n a
     multiple of 16 from 64 to 384 (wider than 256: K whole and the serial epilogue).
     ``cluster`` (cluster_m, cluster_n): each 1, 2 or 4, at most 8 CTAs; A is multicast to
     the cluster_n CTAs of a row, B to the cluster_m of a column (``load="tma_multicast"``).
