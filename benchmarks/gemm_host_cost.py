@@ -12,6 +12,10 @@ same launches with the GPU's own timestamps (torch profiler); and for ours a cPr
 the calls (the Python functions that take the most, cumulative) and what the automatic
 configuration alone costs (``config_us``: ``ops._gemm_config``, which ``gemm`` remembers
 per shape). Writes ``<name>.json``.
+
+``--attention BxSxHxD ...``: the same for ``cutetma.attention`` (non-causal, fp16) beside
+torch SDPA (cuDNN / flash) on (batch, seqlen, heads, head_dim) inputs, instead of the GEMM
+cells: ``cutetma.attention`` launches a pointer entry too (``ops.AttentionLaunch``).
 """
 
 from __future__ import annotations
@@ -56,11 +60,37 @@ def python_profile(fn, calls: int, top: int = 15) -> list[str]:
     return lines[-top - 1:]
 
 
+def attention_row(shape: str, calls: int) -> dict:
+    """Host, eager and kernel microseconds a call of ``cutetma.attention`` and of torch SDPA
+    on one (b, s, h, d) fp16 shape, and the profile of ours."""
+    import torch
+    import torch.nn.functional as F
+
+    from cutetma import ops
+
+    b, s, h, d = (int(x) for x in shape.split("x"))
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    fns = {"sdpa": lambda: F.scaled_dot_product_attention(
+               q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
+           "ours": lambda: ops.attention(q, k, v)}
+    row = {"B": b, "S": s, "H": h, "D": d, "dtype": "float16"}
+    for name, fn in fns.items():
+        host, eager = host_and_eager(fn, calls)
+        row[name] = {"host_us": round(host, 1), "eager_us": round(eager, 1),
+                     "kernel_us": round(kernel_us(fn, calls), 1)}
+        print(f"{shape} {name}: {row[name]['host_us']} us host, {row[name]['eager_us']} us "
+              f"eager, {row[name]['kernel_us']} us kernel", flush=True)
+    row["ours"]["python_profile"] = python_profile(fns["ours"], calls)
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", nargs="*", default=CELLS, metavar="MxNxK")
     ap.add_argument("--kernels", nargs="+", default=["ours"], metavar="SPEC")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--attention", nargs="*", metavar="BxSxHxD",
+                    help="time cutetma.attention beside torch SDPA instead")
     ap.add_argument("--name", default="gemm_host_cost")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -68,6 +98,11 @@ def main(argv=None):
 
     from cutetma import ops, results
 
+    if args.attention:
+        rows = [attention_row(shape, args.calls) for shape in args.attention]
+        path = results.write(args.name, rows, Path(args.out), extra_meta={"complete": True})
+        print(f"wrote {path}")
+        return 0
     rows = []
     for cell in args.cells:
         m, n, k = (int(x) for x in cell.split("x"))

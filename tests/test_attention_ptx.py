@@ -686,3 +686,79 @@ def test_l2_hints_mark_q_evict_first_and_kv_evict_last():
     assert len(policies) == len(_copy_policies(plain))
     assert policies.count(tma.EVICT_FIRST) == 128 // 64  # Q: one copy per 128-byte span
     assert policies.count(tma.EVICT_LAST) == len(policies) - 128 // 64
+
+
+@pytest.mark.parametrize("cfg", [AttentionConfig(head_dim=128),
+                                 AttentionConfig(head_dim=64, causal=True, load="cp_async")],
+                         ids=["tma-d128", "cp_async-d64-causal"])
+def test_pointer_entry_compiles_the_same_kernel(cfg):
+    """``cutetma.attention`` launches ``FlashAttentionSm90.from_pointers`` (pointers, sizes,
+    strides); the tensors it builds have the types the DLPack tensors of the tensor entry
+    have, so the PTX is the same, name for name but the entry's."""
+    import re
+
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    from cutetma.kernels.attention_sm90 import FlashAttentionSm90
+
+    by_tensors = kernels.compile_attention(cfg, as_from_dlpack=True)
+
+    def pointer(dtype, align=16):
+        return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    f16 = cutlass.Float16
+    by_pointers = dsl.compile_ptx(
+        FlashAttentionSm90(cfg).from_pointers, *(pointer(f16) for _ in range(4)),
+        pointer(cutlass.Float32, 4), *(1,) * 18, cutlass.Float32(0.125), cutlass.Int32(132),
+        make_fake_stream())
+
+    def named_alike(ptx):
+        return re.sub(r"\b\w*(FlashAttentionSm90|from_pointers|__call__)\w*\b", "ENTRY", ptx)
+
+    assert "wgmma.mma_async" in by_pointers.ptx
+    assert named_alike(by_pointers.ptx) == named_alike(by_tensors.ptx)
+
+
+def test_launch_args_match_the_dsl():
+    """``ops.AttentionLaunch`` hands the compiled program the same argument list the DSL's
+    own call builds: the address of each runtime value, checked by value behind every
+    address, for the ``ops._attention_launch`` that ``cutetma.attention`` compiles."""
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import make_ptr
+
+    from cutetma import dsl, ops
+
+    cutlass, cute = dsl.cutlass()
+    cfg = AttentionConfig(head_dim=128, dtype="bfloat16")
+    launch = ops._attention_launch(torch.bfloat16, cfg)
+    assert ops._attention_launch(torch.bfloat16, cfg) is launch
+    bases = [0x7F0000000000 + i * 0x100000 for i in range(5)]
+    big = 1 << 33  # strides are 64-bit: a 32-bit slot anywhere would lose this
+    sizes = (2, 1000, 4097, 16, 4, 128)
+    strides = tuple(big + 16 * i for i in range(12))
+    values = (*bases, *sizes, *strides, 0.125, 132, 0xABC)
+    ours = launch.args(values)
+
+    def ptr(address, dtype, align=16):
+        return make_ptr(getattr(cutlass, dtype), address, cute.AddressSpace.gmem,
+                        assumed_align=align)
+
+    keep = [ptr(a, "BFloat16") for a in bases[:4]] + [ptr(bases[4], "Float32", 4)]
+    theirs, _ = launch.compiled.generate_execution_args(
+        *keep, *sizes, *strides, cutlass.Float32(0.125), cutlass.Int32(132),
+        cuda.CUstream(0xABC))
+    assert len(ours) == len(theirs) == len(ops.AttentionLaunch.SLOTS) == 26
+
+    def address(p):
+        return p.value if isinstance(p, ctypes.c_void_p) else int(p)
+
+    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs, strict=True)):
+        kind = ops.AttentionLaunch.SLOTS[i]
+        assert kind.from_address(address(mine)).value == values[i], i
+        assert kind.from_address(address(dsl_arg)).value == values[i], i

@@ -743,24 +743,24 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 _CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32"}
 
 
-class GemmLaunch:
-    """One compiled GEMM (``HopperGemm.from_pointers``), launched without the DSL's generic
+class PointerLaunch:
+    """One compiled kernel entry whose runtime arguments are scalars (a ``from_pointers``
+    entry: pointers, sizes, strides, the stream), launched without the DSL's generic
     argument conversion.
 
     A compiled function's ``__call__`` turns every argument into a C pointer to its value
     on each call (DLPack for tensors, adapters for streams): about 65 us of Python a GEMM on
     this project's CPU machine, a third of an eager call's host cost on the H200's host
     (``gemm_host_cost.json``: 188 us a call at 4096^3 before, 69 us with this launch,
-    cuBLAS 28; session 20). The pointer entry's runtime arguments are eleven scalars, so a
-    launch here keeps ctypes slots for them, writes the call's values into the slots and
-    hands their addresses to the compiled program, as the DSL's own call does
-    (``tests/test_gemm_ptx.py::test_launch_args_match_the_dsl`` holds the two lists equal,
-    so a DSL whose convention changes fails there, not on the GPU). The workspace tensors
-    (split-K, stream-K, the order table) are DSL tensors made once and cached, whose
-    pointers are cached too."""
+    cuBLAS 28; session 20). A launch here keeps ctypes slots for the scalars (``SLOTS``, a
+    subclass's), writes the call's values into the slots and hands their addresses to the
+    compiled program, as the DSL's own call does (``tests/test_gemm_ptx.py::
+    test_launch_args_match_the_dsl`` and its attention twin hold the lists equal, so a DSL
+    whose convention changes fails there, not on the GPU). Workspace tensors (the GEMM's
+    split-K, stream-K, order table) are DSL tensors made once and cached, whose pointers
+    are cached too."""
 
-    SLOTS = ((ctypes.c_void_p,) * 3 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
-             + (ctypes.c_void_p,))  # A, B, C; m, n, ka, kb; lda, ldb, ldc; the stream
+    SLOTS: tuple = ()
 
     def __init__(self, compiled):
         self.compiled = compiled
@@ -770,8 +770,8 @@ class GemmLaunch:
         self._lock = threading.Lock()  # the slots are shared: one launch at a time
 
     def args(self, values, workspace=()) -> list:
-        """The compiled program's argument list for ``values`` (the eleven scalars in
-        ``SLOTS`` order) and the workspace tensors (``None`` where absent)."""
+        """The compiled program's argument list for ``values`` (the scalars in ``SLOTS``
+        order) and the workspace tensors (``None`` where absent)."""
         for slot, value in zip(self._slots, values, strict=True):
             slot.value = value
         return self._addresses + [p for t in workspace if t is not None
@@ -782,6 +782,22 @@ class GemmLaunch:
             if self._run is None:
                 self._run = self.compiled.to().run_compiled_program
             self._run(self.args(values, workspace))
+
+
+class GemmLaunch(PointerLaunch):
+    """``HopperGemm.from_pointers``: A, B, C; m, n, ka, kb; lda, ldb, ldc; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 3 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))
+
+
+class AttentionLaunch(PointerLaunch):
+    """``FlashAttentionSm90.from_pointers``: Q, K, V, O, LSE; batch, s_q, s_k, heads,
+    kv heads, head dim; the (seq, head, batch) strides of Q, K, V, O; the softmax scale,
+    the persistent grid's size; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 5 + (ctypes.c_int32,) * 6 + (ctypes.c_int64,) * 12
+             + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
 
 
 def _gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspace=()):
@@ -1041,8 +1057,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 def _run_attention(q, k, v, scale: float, cfg):
     """Launch one compiled configuration on validated inputs (benchmarks call this directly
     to compare schedules); returns (out, lse)."""
-    from cutetma.kernels.attention_sm90 import FlashAttentionSm90
-
     b, s_q, h, _ = q.shape
     # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's odd
     # stride, unchanged whenever torch already calls the tensor contiguous
@@ -1056,24 +1070,40 @@ def _run_attention(q, k, v, scale: float, cfg):
         lse.fill_(float("-inf"))
         return out, lse
 
-    from cutlass.cute.runtime import from_dlpack
-
-    def view(x):  # (b, s, h, d) -> (s, d, h, b), d contiguous
-        return from_dlpack(x.permute(1, 3, 2, 0), assumed_align=16).mark_layout_dynamic(
-            leading_dim=1)
-
-    lse_view = from_dlpack(lse.permute(2, 1, 0), assumed_align=4).mark_layout_dynamic(
-        leading_dim=0)
-    from cutetma import dsl
-
-    cutlass, _ = dsl.cutlass()
     # the persistent grid: one CTA per SM, or as many clusters' CTAs as run at once
     sms = _sm_count(q.device.index) if cfg.cluster == 1 else (
         cfg.cluster * _max_active_clusters(cfg.cluster, q.device.index))
-    args = (view(q), view(k), view(v), view(out), lse_view, cutlass.Float32(scale),
-            cutlass.Int32(sms), _stream())
-    _compiled(("attention", q.dtype, cfg), lambda: FlashAttentionSm90(cfg), *args)(*args)
+    strides = [x.stride(i) for x in (q, k, v, out) for i in (1, 2, 0)]  # (seq, head, batch)
+    _attention_launch(q.dtype, cfg)(
+        (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), b, s_q,
+         k.shape[1], h, k.shape[2], q.shape[3], *strides, scale, sms,
+         torch.cuda.current_stream(q.device).cuda_stream))
     return out, lse
+
+
+def _attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
+    """The ``AttentionLaunch`` of this (dtype, configuration), compiled on its first use
+    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values."""
+    key = ("attention", dtype, cfg)
+    launch = _COMPILED.get(key)
+    if launch is None:
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        from cutetma.kernels.attention_sm90 import FlashAttentionSm90
+
+        def pointer(name, align=16):  # only its type matters to the compiler
+            return make_ptr(getattr(cutlass, name), 16, cute.AddressSpace.gmem,
+                            assumed_align=align)
+
+        io = [pointer(_CUTE_DTYPES[dtype]) for _ in range(4)]
+        compiled = cute.compile(FlashAttentionSm90(cfg).from_pointers, *io,
+                                pointer("Float32", 4), *(1,) * 18, cutlass.Float32(1.0),
+                                cutlass.Int32(1), make_fake_stream())
+        launch = _COMPILED[key] = AttentionLaunch(compiled)
+    return launch
 
 
 @torch.library.custom_op("cutetma::attention", mutates_args=())

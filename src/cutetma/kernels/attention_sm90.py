@@ -398,6 +398,34 @@ class FlashAttentionSm90:
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream,
             **cluster)
 
+    @cute.jit
+    def from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
+                      pO: cute.Pointer, pLSE: cute.Pointer, batch: cutlass.Int32,
+                      seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, heads: cutlass.Int32,
+                      heads_kv: cutlass.Int32, head_dim: cutlass.Int32,
+                      q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
+                      k_s: cutlass.Int64, k_h: cutlass.Int64, k_b: cutlass.Int64,
+                      v_s: cutlass.Int64, v_h: cutlass.Int64, v_b: cutlass.Int64,
+                      o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
+                      softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+                      stream: cuda.CUstream):
+        """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
+        (b, s, h, d) tensors (d contiguous); the LSE is a contiguous (b, h, s_q) fp32 tensor.
+        The tensors it builds have the types ``from_dlpack(...).mark_layout_dynamic()``
+        gives (every size a dynamic Int32, every stride but d's a dynamic Int64), so the
+        kernel is the same; a launch then passes scalars instead of five DLPack tensors,
+        which lets ``cutetma.attention`` skip the DSL's per-call argument conversion."""
+        def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
+            return cute.make_tensor(pointer, cute.make_layout(
+                (seqlen, head_dim, count, batch), stride=(s, 1, h, b)))
+
+        per_head = cutlass.Int64(seqlen_q)
+        mLSE = cute.make_tensor(pLSE, cute.make_layout(
+            (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+        self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
+             view(pV, seqlen_k, heads_kv, v_s, v_h, v_b), view(pO, seqlen_q, heads, o_s, o_h, o_b),
+             mLSE, softmax_scale, sm_count, stream)
+
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
         """The same (s, d, h, b) tensor with its dynamic strides declared multiples of 16 bytes
