@@ -9,6 +9,33 @@ steps (``gemm_bench``, ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``atte
 ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 21's calls (5 calls; ``.gpu/run1.sh`` .. ``run5.sh``, each started by a helper agent)::
+
+    python benchmarks/gemm_ab.py --rounds 3 --dtype float16 (and bfloat16) --name \
+        gemm_m512_multicast_ab_float16 --cells 512x4096x4096 512x4096x14336 \
+        512x12288x5120 512x28672x8192 --kernels ours ours:cluster=1x1 \
+        ours:tile=128x128,cluster=1x1 ours:tile=128x128,schedule=pingpong,cluster=1x1
+    python benchmarks/gemm_ab.py --rounds 3 --name gemm_n1536_m512_ab_float16 --cells \
+        512x1536x5120 --kernels ours ours:tile=64x96,cluster=2x1 ours:tile=64x96 \
+        ours:tile=64x128,cluster=2x1            # and 256x1536x5120 with 64x64 (2, 4),
+                                                # 64x96 split 2 alone and in (2, 1): 76 s all
+    python -m pytest -m gpu tests/test_gemm_gpu.py -k "fitted_64 or reproducible or \
+        small_outputs or automatic_multicast or default_order_table"   # 14 passed, 89 s
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16                # 317 s
+    python -m pytest -m gpu <the default's random shapes, N-major B, custom op, errors,
+        fitted widths>                                                  # 11 passed, 61 s
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bf16               # 300 s
+    python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json            # no GPU
+    python benchmarks/gemm_host_cost.py --attention 1x512x16x128 2x2048x16x128 \
+        --name attention_host_cost                                             # 16 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
+        --shards 4 --tests-budget 290                                  # 77 passed, 81 s
+    python benchmarks/gpu_session.py --only tests --pytest tests/test_gemm_gpu.py \
+        --shards 4 --tests-budget 300
+
+Next: M = 512 cells where a measured alternative to the (2, 1) multicast led in every round
+(512x4096x4096, 512x12288x5120); the pingpong cells at M = 256 with K = 512 / 1536.
+
 Session 20's calls (4 calls, about 1,750 s; ``.gpu/run1.sh`` .. ``run4.sh``, three of them
 started by helper agents; ``CELLS``: 4096^3 and the grid's cells with M >= 256)::
 
