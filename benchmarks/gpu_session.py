@@ -31,7 +31,7 @@ Session 21's calls (5 calls; ``.gpu/run1.sh`` .. ``run5.sh``, each started by a 
     python benchmarks/gpu_session.py --only tests --pytest tests/test_attention_gpu.py \
         --shards 4 --tests-budget 290                                  # 77 passed, 81 s
     python benchmarks/gpu_session.py --only tests --pytest tests/test_gemm_gpu.py \
-        --shards 4 --tests-budget 300
+        --shards 4 --tests-budget 300                                 # 135 passed, 188 s
 
 Next: M = 512 cells where a measured alternative to the (2, 1) multicast led in every round
 (512x4096x4096, 512x12288x5120); the pingpong cells at M = 256 with K = 512 / 1536.
