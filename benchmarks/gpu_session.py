@@ -33,7 +33,11 @@ Session 21's calls (5 calls; ``.gpu/run1.sh`` .. ``run5.sh``, each started by a 
     python benchmarks/gpu_session.py --only tests --pytest tests/test_gemm_gpu.py \
         --shards 4 --tests-budget 300                                 # 135 passed, 188 s
 
-Next: M = 512 cells where a measured alternative to the (2, 1) multicast led in every round
+Next: ``pytest -m gpu tests/test_gemm_gpu.py -k programmatic`` (``pdl=True``, written after
+the calls), then the chain it is for: ``gemm_sustained.py --seconds 2 --rounds 2 --cells
+4096x4096x4096 8192x8192x8192 256x6144x4096 2048x512x5120 --kernels cublas ours ours:pdl=1``
+(phases are graphs of 20 calls, so each launch may overlap the previous kernel's tail);
+M = 512 cells where a measured alternative to the (2, 1) multicast led in every round
 (512x4096x4096, 512x12288x5120); the pingpong cells at M = 256 with K = 512 / 1536.
 
 Session 20's calls (4 calls, about 1,750 s; ``.gpu/run1.sh`` .. ``run4.sh``, three of them

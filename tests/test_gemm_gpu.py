@@ -394,6 +394,50 @@ def test_fitted_64_row_tiles(dtype):
         _default_into_poisoned(m, n, k, t)
 
 
+@pytest.mark.parametrize("options", [dict(load="tma"), dict(cluster=(2, 1)), dict(split_k=2),
+                                     dict(load="cp_async")], ids=_named)
+def test_programmatic_dependent_launch_chain(options):
+    """``pdl=True`` (written 2026-12-02): a chain of GEMMs, each reading the previous one's
+    output, launched so that each may start while the one before finishes; eager and as a
+    CUDA graph replayed on fresh inputs, every link checked against the fp32 reference
+    (a kernel that read its input before the previous kernel finished writing it would
+    read NaN poison or stale values)."""
+    import torch
+
+    from cutetma import ops
+
+    m, n, k = 1000, 1032, 1032  # n = k: each output is the next one's A
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    bs = [torch.randn(n, k, device="cuda", dtype=torch.float16) / 32 for _ in range(4)]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            for _ in bs]
+
+    def chain():
+        x = a
+        for b, out in zip(bs, outs, strict=True):
+            x = ops.gemm(x, b, out=out, pdl=True, **options)
+
+    def check_chain():
+        x = a
+        for b, out in zip(bs, outs, strict=True):
+            check(x, b, out)
+            x = out
+
+    chain()
+    torch.cuda.synchronize()
+    check_chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):
+        a.normal_()
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_chain()
+
+
 def _default_into_poisoned(m, n, k, dtype, out_dtypes=None, **options):
     """``cutetma.gemm(a, b, **options)`` (none: the library's own choice) on fresh randn
     inputs, into NaN-filled outputs of the input dtype and of fp32 (or ``out_dtypes``), each

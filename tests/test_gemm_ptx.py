@@ -1266,3 +1266,30 @@ def test_order_table_is_the_default_for_whole_tiles_from_m_512():
     assert split.split_k > 1 and not ops.order_table_pays(512, 512, split)
     assert not ops.order_table_pays(8192, 8192, cfg(8192, 8192, 8192, stream_k=True))
     assert not ops.order_table_pays(512, 128 * (1 << 15), GemmConfig(tile_n=128))
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_programmatic_dependent_launch_waits_before_any_global_access(load):
+    """``GemmConfig.pdl``: every thread waits for the previous grid (griddepcontrol.wait)
+    before the first global load, TMA copy or store, then lets the next grid launch; the
+    default kernel has neither instruction and is otherwise the same."""
+    on = kernels.compile_gemm(GemmConfig(load=load, pdl=True), "Float16").ptx
+    off = kernels.compile_gemm(GemmConfig(load=load), "Float16").ptx
+    assert "griddepcontrol" not in off
+    assert on.count("griddepcontrol.wait;") == 1
+    assert on.count("griddepcontrol.launch_dependents;") == 1
+    wait = on.index("griddepcontrol.wait;")
+    first_global = min(i for i in (on.find(BULK_LOAD), on.find(CP_ASYNC), on.find("ld.global"),
+                                   on.find("st.global"), on.find(STORE)) if i >= 0)
+    assert wait < on.index("griddepcontrol.launch_dependents;") < first_global
+    # nothing else moves: the two instructions (inline asm, with its markers) are all it adds
+    def rest(ptx):
+        return [line for line in ptx.splitlines()
+                if "griddepcontrol" not in line and "inline asm" not in line]
+
+    assert rest(on) == rest(off)
+    from cutetma import ops  # cutetma.gemm(pdl=True) runs the same configuration with it on
+
+    cfg = GemmConfig(load=load)
+    assert ops._with_pdl(cfg) == GemmConfig(load=load, pdl=True)
+    assert ops._with_pdl(cfg) is ops._with_pdl(cfg)

@@ -606,7 +606,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
          cluster: tuple[int, int] | None = None, tile: tuple[int, int] | None = None,
          schedule: str | None = None, split_k: int | None = None, stream_k: bool = False,
          store_under_mma: bool | None = None, split_sum: str | None = None,
-         allow_copy: bool = True, config=None) -> torch.Tensor:
+         allow_copy: bool = True, config=None, pdl: bool = False) -> torch.Tensor:
     """``C = A @ B^T`` on Hopper (``trans_b=False``: ``C = A @ B``, torch.matmul's layout).
 
     ``a`` (M, K); ``b`` (N, K), or (K, N) with ``trans_b=False``; fp16 or bf16, fp32
@@ -657,6 +657,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     size): from M = 512 (whole tiles) an order table built on a shape's first call and kept
     on the device (``order_table_pays``), else the raster band with the fewest modelled L2
     reads; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order.
+    ``pdl``: launch with programmatic dependent launch, so the kernel may start while the
+    one before it in the stream finishes, and waits for it only before touching memory
+    (``GemmConfig.pdl``); a chain of such GEMMs, eager or in a CUDA graph, overlaps each
+    launch and prologue with the previous kernel's tail. Off by default (not yet timed).
 
     An eager call costs the host about 70 us on the H200's machine (session 20; 190-275 us
     before the launch skipped the DSL's argument conversion, ``GemmLaunch``), against
@@ -716,6 +720,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                           split_k, stream_k, store_under_mma, split_sum, b_k_major=False)
     check_tile_for_b(cfg, b_k_major=b_ok.stride(1) == 1)
 
+    if pdl and not cfg.pdl:
+        cfg = _with_pdl(cfg)
     clusters = _max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
     if config is None:  # the tile order for where this card puts the grid's CTAs
         cfg = _ordered(cfg, m, n, k, a.device.index or 0, clusters)
@@ -903,6 +909,12 @@ def _with_order_table(cfg):
     """``cfg`` with ``order_table`` on, made once per configuration (a ``dataclasses.
     replace`` re-runs ``GemmConfig``'s checks: a tenth of an eager call's host cost)."""
     return dataclasses.replace(cfg, order_table=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_pdl(cfg):
+    """``cfg`` with ``pdl`` on, made once per configuration (as ``_with_order_table``)."""
+    return dataclasses.replace(cfg, pdl=True)
 
 
 _ORDER_TABLES: dict = {}

@@ -154,6 +154,14 @@ class GemmConfig:
     # compact block, whose loads the L2 coalescer merges). Whole tiles only (no split-K or
     # stream-K): the table lists clusters, not work units
     order_table: bool = False
+    # programmatic dependent launch: the kernel is launched so that it may start while the
+    # kernel before it in the stream is finishing; every thread waits for that kernel's
+    # completion (griddepcontrol.wait) after the prologue (shared-memory barriers, the
+    # cluster's handshake, the TMA descriptors' prefetch, none of which touches memory a
+    # kernel writes) and before any global access, then lets the next such kernel start
+    # (launch_dependents). A chain of them overlaps each launch and prologue with the
+    # previous kernel's tail. Off by default: not yet run on a GPU (2026-12-02)
+    pdl: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -459,7 +467,7 @@ class HopperGemm:
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
                     sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags, mOrder).launch(
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
-            min_blocks_per_mp=1, stream=stream)
+            min_blocks_per_mp=1, stream=stream, use_pdl=cfg.pdl)
 
     @cute.jit
     def from_pointers(self, pA: cute.Pointer, pB: cute.Pointer, pC: cute.Pointer,
@@ -523,6 +531,11 @@ class HopperGemm:
         tile_nk = (cfg.tile_n, cfg.tile_k)
         k_tiles = cute.ceil_div(mA.shape[1], cfg.tile_k)
         pipeline.pipeline_init_wait(cluster_shape_mn=cluster_mn)
+        if cutlass.const_expr(cfg.pdl):
+            # nothing above reads or writes global memory: from here on A, B, C, the
+            # workspace and the order table may be the previous kernel's, so wait for it
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         producer_regs, consumer_regs = REGISTERS[cfg.load]
         if warpgroup == 0:
