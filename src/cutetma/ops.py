@@ -806,6 +806,18 @@ class AttentionLaunch(PointerLaunch):
              + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
 
 
+def _typed_pointer(dtype: torch.dtype, align: int = 16):
+    """A global-memory pointer of ``dtype``'s DSL type for compiling a ``from_pointers``
+    entry: only its type (and alignment) matters to the compiler, not its address."""
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(getattr(cutlass, _CUTE_DTYPES[dtype]), 16, cute.AddressSpace.gmem,
+                    assumed_align=align)
+
+
 def _gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspace=()):
     """The ``GemmLaunch`` of this configuration, compiled on its first use: one kernel per
     (dtypes, B's major, configuration, cluster count); sizes and strides are runtime
@@ -815,18 +827,15 @@ def _gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspa
     if launch is None:
         from cutetma import dsl
 
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
+        _, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
 
         from cutetma.kernels.gemm_sm90 import HopperGemm
 
-        def pointer(dtype):  # only its type matters to the compiler
-            return make_ptr(getattr(cutlass, _CUTE_DTYPES[dtype]), 16, cute.AddressSpace.gmem,
-                            assumed_align=16)
-
-        compiled = cute.compile(HopperGemm(cfg).from_pointers, pointer(ab_dtype),
-                                pointer(ab_dtype), pointer(c_dtype), 1, 1, 1, 1, 1, 1, 1,
-                                b_k_major, clusters, make_fake_stream(), *workspace)
+        compiled = cute.compile(HopperGemm(cfg).from_pointers, _typed_pointer(ab_dtype),
+                                _typed_pointer(ab_dtype), _typed_pointer(c_dtype),
+                                1, 1, 1, 1, 1, 1, 1, b_k_major, clusters, make_fake_stream(),
+                                *workspace)
         launch = _COMPILED[key] = GemmLaunch(compiled)
     return launch
 
@@ -1102,18 +1111,14 @@ def _attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
         from cutetma import dsl
 
         cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
+        from cutlass.cute.runtime import make_fake_stream
 
         from cutetma.kernels.attention_sm90 import FlashAttentionSm90
 
-        def pointer(name, align=16):  # only its type matters to the compiler
-            return make_ptr(getattr(cutlass, name), 16, cute.AddressSpace.gmem,
-                            assumed_align=align)
-
-        io = [pointer(_CUTE_DTYPES[dtype]) for _ in range(4)]
+        io = [_typed_pointer(dtype) for _ in range(4)]
         compiled = cute.compile(FlashAttentionSm90(cfg).from_pointers, *io,
-                                pointer("Float32", 4), *(1,) * 18, cutlass.Float32(1.0),
-                                cutlass.Int32(1), make_fake_stream())
+                                _typed_pointer(torch.float32, 4), *(1,) * 18,
+                                cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream())
         launch = _COMPILED[key] = AttentionLaunch(compiled)
     return launch
 
