@@ -1,6 +1,7 @@
 """The GEMM compiled for sm_90a on a CPU machine, every mechanism x dtype x cluster: WGMMA is
 there, the producer issues what its mechanism says and nothing else."""
 
+import dataclasses
 import itertools
 import math
 import re
@@ -59,15 +60,28 @@ def test_a_cluster_may_leave_an_operand_unshared():
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
-def test_order_table_is_read_for_every_work_unit(load):
-    """``order_table``: producer and consumers read each work unit's cluster from the table
-    (one 32-bit global load at each of their two ``_work`` calls); without it, none."""
-    def table_loads(cfg):
-        return len(re.findall(r"ld\.global(?:\.\w+)*\.[usb]32",
-                              kernels.compile_gemm(cfg, "Float16").ptx))
+def test_order_table_is_read_a_work_unit_ahead(load):
+    """``order_table``: each work unit's cluster comes from the table, loaded a unit ahead
+    of its use: the first unit's entry once, at the top of the kernel (before the barriers
+    are set up), then one load in the producer's loop and one in the consumers', both
+    before the first WGMMA (the consumers' is issued before their mainloop, not after it,
+    where it stalled the tensor cores between tiles). Under ``pdl`` the first load waits
+    for the previous kernel. Without the table, no global load at all."""
+    table_load = r"ld\.global(?:\.\w+)*\.[usb]32"
 
-    assert table_loads(GemmConfig(tile_m=64, tile_n=128, load=load, order_table=True)) == 4
-    assert table_loads(GemmConfig(tile_m=64, tile_n=128, load=load)) == 0
+    def table_loads(ptx):
+        return [m.start() for m in re.finditer(table_load, ptx)]
+
+    cfg = GemmConfig(tile_m=64, tile_n=128, load=load, order_table=True)
+    ptx = kernels.compile_gemm(cfg, "Float16").ptx
+    loads = table_loads(ptx)
+    assert len(loads) == 3
+    assert loads[0] < ptx.index("mbarrier.init")
+    assert loads[-1] < ptx.index(WGMMA)
+    assert not table_loads(kernels.compile_gemm(GemmConfig(tile_m=64, tile_n=128, load=load),
+                                                "Float16").ptx)
+    pdl = kernels.compile_gemm(dataclasses.replace(cfg, pdl=True), "Float16").ptx
+    assert pdl.index("griddepcontrol.wait;") < table_loads(pdl)[0]
     with pytest.raises(ValueError, match="order_table orders whole tiles"):
         GemmConfig(order_table=True, split_k=2)
 

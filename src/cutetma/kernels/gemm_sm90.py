@@ -506,6 +506,10 @@ class HopperGemm:
             tma.prefetch(tma_a)
             tma.prefetch(tma_b)
             tma.prefetch(tma_c)
+        if cutlass.const_expr(not cfg.pdl):
+            # the first work unit's table entry: its round trip overlaps the barriers' set-up
+            # (under pdl it waits for the previous kernel, below, as every global access does)
+            first_entry = self._table_entry(0, mOrder)
 
         cta_layout = cute.make_layout((cfg.cluster_m, cfg.cluster_n, 1))
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -536,6 +540,7 @@ class HopperGemm:
             # workspace and the order table may be the previous kernel's, so wait for it
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
+            first_entry = self._table_entry(0, mOrder)
 
         producer_regs, consumer_regs = REGISTERS[cfg.load]
         if warpgroup == 0:
@@ -543,29 +548,50 @@ class HopperGemm:
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce_tma(pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk,
-                                     tile_nk, k_tiles, cta_layout, cluster_crd, sched, mOrder)
+                                     tile_nk, k_tiles, cta_layout, cluster_crd, sched, mOrder,
+                                     first_entry)
             else:
                 self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
-                                      mOrder)
+                                      mOrder, first_entry)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                          mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
-                         mOrder)
+                         mOrder, first_entry)
 
     @cute.jit
-    def _work(self, sched, work, j, k_tiles, mOrder):
+    def _table_entry(self, j, mOrder):
+        """With ``order_table``, the table's entry for the CTA's ``j``-th work unit (0
+        without one). Producer and consumers load it one unit ahead of ``_work``, which
+        decodes it: the table is read once per tile boundary and, after the L2 flush of a
+        cold start or another kernel's traffic, from DRAM; loaded where it is needed, that
+        round trip (about a microsecond) stalled the consumers between tiles and the
+        producer before its first load. Issued a unit early, it lands under the mainloop."""
+        if cutlass.const_expr(not self.cfg.order_table):
+            return cutlass.Int32(0)
+        linear = self._table_index(j)
+        count = cutlass.Int32(cute.size(mOrder))
+        return cutlass.Int32(mOrder[cutlass.min(linear, count - 1)])
+
+    @cute.jit
+    def _table_index(self, j):
+        """The cluster's ``j``-th work index: its index in the grid + j x the grid's
+        clusters (the static scheduler's order, which the table re-deals)."""
+        bz = cute.arch.block_idx()[2]
+        return cutlass.Int32(bz) + j * cutlass.Int32(cute.arch.grid_dim()[2])
+
+    @cute.jit
+    def _work(self, sched, work, j, k_tiles, mOrder, entry):
         """The CTA's ``j``-th work unit: ``(m, n, split, k0, kn, valid, writer, first_peer,
         peers)``. The static persistent scheduler's tile (``work``) unless ``stream_k``, whose
         units come from ``stream_k_unit`` over the same rasterized tile order, or
-        ``order_table``, whose cluster the table ``mOrder`` names (the cluster's j-th work
-        index is the scheduler's: its index in the grid + j x the grid's clusters)."""
+        ``order_table``, whose cluster the table names (``entry``: ``_table_entry(j)``)."""
         zero = cutlass.Int32(0)
         if cutlass.const_expr(self.cfg.order_table):
-            bx, by, bz = cute.arch.block_idx()
-            linear = cutlass.Int32(bz) + j * cutlass.Int32(cute.arch.grid_dim()[2])
+            bx, by, _ = cute.arch.block_idx()
+            linear = self._table_index(j)
             count = cutlass.Int32(cute.size(mOrder))
-            code = cutlass.Int32(mOrder[cutlass.min(linear, count - 1)])
+            code = entry
             m = (code & 0xFFFF) * self.cfg.cluster_m + cutlass.Int32(bx)
             n = (code >> 16) * self.cfg.cluster_n + cutlass.Int32(by)
             return m, n, zero, zero, k_tiles, linear < count, zero, zero, zero
@@ -592,7 +618,7 @@ class HopperGemm:
 
     @cute.jit
     def produce_tma(self, pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk, tile_nk,
-                    k_tiles, cta_layout, cluster_crd, sched, mOrder):
+                    k_tiles, cta_layout, cluster_crd, sched, mOrder, first_entry):
         """One warp: each k-tile of A and B by TMA into the next stage, multicast to the CTAs
         of the cluster that share it; the stage's full barrier counts the bytes."""
         cfg = self.cfg
@@ -624,11 +650,11 @@ class HopperGemm:
                 cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
                           **hint)
 
-        self._produce(pipe, k_tiles, sched, mOrder, load_stage)
+        self._produce(pipe, k_tiles, sched, mOrder, first_entry, load_stage)
 
     @cute.jit
     def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
-                         mOrder):
+                         mOrder, first_entry):
         """A warpgroup: every thread copies its 16-byte vectors of each k-tile into the same
         swizzled stage (the pointer carries the swizzle), zero-filling past K, then arrives
         on the stage's full barrier when its copies land."""
@@ -640,10 +666,11 @@ class HopperGemm:
             cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
             cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
 
-        self._produce(pipe, k_tiles, sched, mOrder, load_stage)
+        self._produce(pipe, k_tiles, sched, mOrder, first_entry, load_stage)
 
     @cute.jit
-    def _produce(self, pipe, k_tiles, sched, mOrder, load_stage: cutlass.Constexpr):
+    def _produce(self, pipe, k_tiles, sched, mOrder, first_entry,
+                 load_stage: cutlass.Constexpr):
         """The producer's schedule, the same for every mechanism: for each work tile and each
         of its k-tiles, take the next empty stage, ``load_stage`` into it, commit (TMA: the
         bytes complete the barrier; cp.async: each thread arrives when its copies land)."""
@@ -652,8 +679,10 @@ class HopperGemm:
             sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = scheduler.initial_work_tile_info()
         j = cutlass.Int32(0)
-        m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder)
+        entry = first_entry
+        m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder, entry)
         while valid:
+            entry = self._table_entry(j + 1, mOrder)  # lands while this unit's loads issue
             for k in cutlass.range(k0, k0 + kn, unroll=1):
                 pipe.producer_acquire(state)  # wait for an empty stage (TMA: arm expect_tx)
                 load_stage(m, n, k, state)
@@ -662,12 +691,13 @@ class HopperGemm:
             j += 1
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
-            m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder)
+            m, n, _, k0, kn, valid, _, _, _ = self._work(sched, work, j, k_tiles, mOrder,
+                                                         entry)
         pipe.producer_tail(state)
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags, sTickets, mOrder):
+                mPartials, mFlags, sTickets, mOrder, first_entry):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -737,9 +767,11 @@ class HopperGemm:
         work = scheduler.initial_work_tile_info()
         stores = cutlass.Int32(0)
         local = cutlass.Int32(0)  # tiles this CTA has seen
+        entry = first_entry
         m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
-            sched, work, local, k_tiles, mOrder)
+            sched, work, local, k_tiles, mOrder, entry)
         while valid:
+            entry = self._table_entry(local + 1, mOrder)  # lands under this tile's WGMMAs
             mine = True
             if cutlass.const_expr(cfg.pingpong):
                 mine = local % 2 == wg
@@ -836,7 +868,7 @@ class HopperGemm:
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
             m, n, split, k0, kn, valid, writer, first_peer, peers = self._work(
-                sched, work, local, k_tiles, mOrder)
+                sched, work, local, k_tiles, mOrder, entry)
         if cutlass.const_expr(deferred):
             if holding > 0:  # the CTA's last tile: nothing left to hide it under
                 stores = self._store_held(held, held_m, held_n, stores, r2s, tRS_sC, tma_c,
