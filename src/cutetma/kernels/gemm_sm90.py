@@ -160,7 +160,7 @@ class GemmConfig:
     # cluster's handshake, the TMA descriptors' prefetch, none of which touches memory a
     # kernel writes) and before any global access, then lets the next such kernel start
     # (launch_dependents). A chain of them overlaps each launch and prologue with the
-    # previous kernel's tail. Off by default: not yet run on a GPU (2026-12-02)
+    # previous kernel's tail. Off by default: even with it at the power cap (session 22)
     pdl: bool = False
 
     def __post_init__(self):
