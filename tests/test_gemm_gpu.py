@@ -501,10 +501,11 @@ def test_order_table(fields):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_default_order_table_from_m_512(dtype):
-    """From M = 512 ``cutetma.gemm`` deals whole tiles from an order table by itself
-    (written 2026-12-02, session 20): its default configurations there (cooperative 128 x
-    256, pingpong 128 x 128 at short K, a (2, 1) multicast, 128 x 320 in (2, 1)) on shapes
+def test_default_order_table_from_m_256(dtype):
+    """From M = 256 ``cutetma.gemm`` deals whole tiles from an order table by itself
+    (from M = 512 in session 20, from 256 in session 22): its default configurations there
+    (cooperative 128 x 256, pingpong 128 x 128 at short K, a (2, 1) multicast, 128 x 320 in
+    (2, 1), the fitted widths below M = 512: 128 x 96 in (2, 1), 128 x 160) on shapes
     that are not multiples of the tile, into poisoned outputs, each with its table built; a
     shape whose first call is inside a CUDA-graph capture runs the placed band there (the
     table needs a probe launch) and is still right on replay."""
@@ -514,7 +515,8 @@ def test_default_order_table_from_m_512(dtype):
 
     t = getattr(torch, dtype)
     for m, n, k in [(2000, 6100, 1000), (600, 16000, 500), (512, 4100, 4096),
-                    (2048, 5120, 5120), (8192, 1000, 64)]:
+                    (2048, 5120, 5120), (8192, 1000, 64), (300, 7000, 2000),
+                    (256, 6144, 4096), (400, 9000, 1500)]:
         _default_into_poisoned(m, n, k, t, (t,))
         assert any(key[0].order_table and key[1:3] == (m, n) for key in ops._ORDER_TABLES), (
             m, n, k)

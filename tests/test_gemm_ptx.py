@@ -1262,11 +1262,11 @@ def test_launch_args_match_the_dsl(workspace):
         assert kind.from_address(address(dsl_arg)).value == values[i], i
 
 
-def test_order_table_is_the_default_for_whole_tiles_from_m_512():
-    """``cutetma.gemm`` deals whole tiles from an order table from M = 512 (the sustained
-    sweep at the cap: 35 of 36 cells faster at M = 2048 / 8192), not split-K or stream-K
-    units, not below M = 512, and not where a cluster coordinate would not fit the table's
-    16 bits."""
+def test_order_table_is_the_default_for_whole_tiles_from_m_256():
+    """``cutetma.gemm`` deals whole tiles from an order table from M = 256 (the sustained
+    sweep at the cap: 35 of 36 cells faster at M = 2048 / 8192; session 22's A/B at M = 256,
+    13 / 14 of 15 cells faster), not split-K or stream-K units, not below M = 256 (untimed
+    there), and not where a cluster coordinate would not fit the table's 16 bits."""
     from cutetma import ops
 
     def cfg(m, n, k, **kw):
@@ -1275,7 +1275,9 @@ def test_order_table_is_the_default_for_whole_tiles_from_m_512():
     assert ops.order_table_pays(8192, 8192, cfg(8192, 8192, 8192))
     assert ops.order_table_pays(512, 4096, cfg(512, 4096, 4096))
     assert ops.order_table_pays(2048, 16384, cfg(2048, 16384, 512))  # pingpong
-    assert not ops.order_table_pays(256, 4096, cfg(256, 4096, 4096))
+    assert ops.order_table_pays(256, 4096, cfg(256, 4096, 4096))
+    assert not ops.order_table_pays(255, 4096, cfg(255, 4096, 4096))
+    assert not ops.order_table_pays(128, 4096, cfg(128, 4096, 4096))
     split = cfg(512, 512, 5120)
     assert split.split_k > 1 and not ops.order_table_pays(512, 512, split)
     assert not ops.order_table_pays(8192, 8192, cfg(8192, 8192, 8192, stream_k=True))

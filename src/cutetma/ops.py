@@ -621,7 +621,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     5120, 2048 x 7680, as cuBLAS there); ``cluster=(1, 1)`` keeps one CTA per cluster. At
     M <= 512 an unsplit 128 x 256 tile narrows to the width with as many waves, and a
     64 x 128 tile (small outputs) to the width (80 to 112) with as many waves of units
-    (``auto_tile_and_split``), multicast in (2, 1) clusters where K is split or M < 512
+    (``auto_tile_and_split``), multicast in (2, 1) clusters where K is split or M < 256
     (``small_tile_cluster``). ``tile`` (tile_m, tile_n): tile_m 64 or 128, tile_n a
     multiple of 16 from 64 to 384 (wider than 256: K whole and the serial epilogue).
     ``cluster`` (cluster_m, cluster_n): each 1, 2 or 4, at most 8 CTAs; A is multicast to
@@ -654,7 +654,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     width and buffers), overriding ``load``, ``cluster`` and ``tile``. Without it the tiles'
     order is chosen for where this card puts the grid's CTAs (``cutetma.placement``: the
     first call on a device compiles and runs a few probe kernels, once per process and grid
-    size): from M = 512 (whole tiles) an order table built on a shape's first call and kept
+    size): from M = 256 (whole tiles) an order table built on a shape's first call and kept
     on the device (``order_table_pays``), else the raster band with the fewest modelled L2
     reads; ``CUTETMA_PLACEMENT=0`` keeps the scheduler's default order.
     ``pdl``: launch with programmatic dependent launch, so the kernel may start while the
@@ -887,8 +887,13 @@ def _placed(cfg, m: int, n: int, k: int, device_index: int, clusters: int):
 # power for the same work and the cap leaves it a higher clock. In short interleaved windows
 # (session 18, 2 runs over the grid's cells) +0.7% at M = 512 (25 of 34 cells), even at
 # M = 256, and 0.99x at M = 8192, where the windows' clock is the previous kernel's
-# (gemm_window_ab_400.json: 1.021x with 400 ms windows at the headline shapes)
-TABLE_MIN_M = 512
+# (gemm_window_ab_400.json: 1.021x with 400 ms windows at the headline shapes). From
+# M = 256 since session 22: once each tile's table entry was loaded a work unit ahead (it had
+# cost a DRAM round trip before the first load and between tiles: +0.6% over the M = 512
+# cells, gemm_prefetch_ab.json) the table was 1.015x / 1.020x the default over the grid's 15
+# whole-tile M = 256 cells, fp16 / bf16 (3 interleaved rounds, gemm_m256_table_ab_*.json;
+# ahead in 13 / 14 of 15, behind by 1-2% at 256 x 28672 x 8192). Below M = 256 untimed
+TABLE_MIN_M = 256
 
 
 def order_table_pays(m: int, n: int, cfg) -> bool:
