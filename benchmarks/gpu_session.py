@@ -9,6 +9,23 @@ steps (``gemm_bench``, ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``atte
 ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 22's calls (5 calls, each started by a helper agent; an A/B of two builds: the old
+``src/`` as ``git archive HEAD src`` unpacked into ``.gpu/snapA`` (it travels with ``.gpu``),
+run with ``PYTHONPATH=$PWD/.gpu/snapA/src:$PYTHONPATH``, alternating with the working tree)::
+
+    python -m pytest -q -m gpu tests/test_gemm_gpu.py -k "programmatic or order_table"  # 12
+    python benchmarks/gemm_ab.py --dtype float16 --rounds 2 --name gemm_prefetch_old_1 \
+        --cells 4096x4096x4096 ... 512x32768x512 --kernels ours     # 20 s; old, new, old, new
+    python benchmarks/gemm_sustained.py --seconds 2 --rounds 2 --name gemm_sustained_pdl \
+        --cells 4096x4096x4096 256x6144x4096 2048x512x5120 512x4096x4096 \
+        --kernels cublas ours ours:pdl=1                           # 60 s
+    python benchmarks/gemm_ab.py --dtype D --rounds 3 --kernels ours ours:order_table=1 \
+        --cells <the grid's 18 M = 256 cells>                      # 35 s a dtype
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16 --out $OUT   # 350 s
+    python benchmarks/gemm.py --dtypes bfloat16 --name gemm_bf16 --out $OUT  # 250 s
+    python benchmarks/gemm.py --merge gemm_fp16.json gemm_bf16.json --out benchmarks/results \
+        --name gemm                                                 # on the host
+
 Session 21's calls (5 calls; ``.gpu/run1.sh`` .. ``run5.sh``, each started by a helper agent)::
 
     python benchmarks/gemm_ab.py --rounds 3 --dtype float16 (and bfloat16) --name \
