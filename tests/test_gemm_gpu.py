@@ -397,9 +397,10 @@ def test_fitted_64_row_tiles(dtype):
 @pytest.mark.parametrize("options", [dict(load="tma"), dict(cluster=(2, 1)), dict(split_k=2),
                                      dict(load="cp_async")], ids=_named)
 def test_programmatic_dependent_launch_chain(options):
-    """``pdl=True`` (passed on the H200 in session 22): a chain of GEMMs, each reading the previous one's
-    output, launched so that each may start while the one before finishes; eager and as a
-    CUDA graph replayed on fresh inputs, every link checked against the fp32 reference
+    """``pdl=True`` (passed on the H200 in session 22): a chain of GEMMs, each reading the
+    previous one's output, launched so that each may start while the one before finishes;
+    eager and as a CUDA graph replayed on fresh inputs, every link checked against the fp32
+    reference
     (a kernel that read its input before the previous kernel finished writing it would
     read NaN poison or stale values)."""
     import torch
