@@ -591,9 +591,8 @@ class HopperGemm:
             bx, by, _ = cute.arch.block_idx()
             linear = self._table_index(j)
             count = cutlass.Int32(cute.size(mOrder))
-            code = entry
-            m = (code & 0xFFFF) * self.cfg.cluster_m + cutlass.Int32(bx)
-            n = (code >> 16) * self.cfg.cluster_n + cutlass.Int32(by)
+            m = (entry & 0xFFFF) * self.cfg.cluster_m + cutlass.Int32(bx)
+            n = (entry >> 16) * self.cfg.cluster_n + cutlass.Int32(by)
             return m, n, zero, zero, k_tiles, linear < count, zero, zero, zero
         if cutlass.const_expr(self.cfg.stream_k):
             layout = sched.problem_layout_ncluster_mnl
