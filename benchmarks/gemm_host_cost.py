@@ -13,6 +13,8 @@ the calls (the Python functions that take the most, cumulative) and what the aut
 configuration alone costs (``config_us``: ``ops._gemm_config``, which ``gemm`` remembers
 per shape). Writes ``<name>.json``.
 
+``--pieces``: also each piece of the default call's host time (``host_pieces``).
+
 ``--attention BxSxHxD ...``: the same for ``cutetma.attention`` (non-causal, fp16) beside
 torch SDPA (cuDNN / flash) on (batch, seqlen, heads, head_dim) inputs, instead of the GEMM
 cells: ``cutetma.attention`` launches a pointer entry too (``ops.AttentionLaunch``).
@@ -48,16 +50,62 @@ def kernel_us(fn, calls: int) -> float:
     return total / calls
 
 
-def python_profile(fn, calls: int, top: int = 15) -> list[str]:
+def python_profile(fn, calls: int, top: int = 15, sort: str = "cumulative") -> list[str]:
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
         fn()
     profiler.disable()
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(top)
     lines = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()]
     return lines[-top - 1:]
+
+
+def host_pieces(a, b, calls: int) -> dict:
+    """Host microseconds a call of each piece of one eager ``cutetma.gemm(a, b)``, each in a
+    loop of its own: the whole call, its ``GemmLaunch`` alone (the slots' writes and the
+    compiled program's launch), the compiled program alone (``run_compiled_program`` with
+    the argument list made once: the DSL's packing and the driver's launch), the output's
+    ``torch.empty`` and the stream lookup; the rest of ``gemm`` is its checks and lookups.
+    The launch's values are caught from a real call, so the pieces launch the same kernel."""
+    import torch
+
+    from cutetma import ops
+
+    seen = {}
+    original = ops.GemmLaunch.__call__
+
+    def spy(self, values, workspace=()):
+        seen.update(launch=self, values=values, workspace=workspace)
+        return original(self, values, workspace)
+
+    ops.GemmLaunch.__call__ = spy
+    try:
+        ops.gemm(a, b)
+    finally:
+        ops.GemmLaunch.__call__ = original
+    launch, values, workspace = seen["launch"], seen["values"], seen["workspace"]
+    packed = launch.args(values, workspace)
+    m, n = a.shape[0], b.shape[0]
+    pieces = {"gemm": lambda: ops.gemm(a, b),
+              "launch": lambda: launch(values, workspace),
+              "run_compiled_program": lambda: launch._run(packed),
+              "torch.empty": lambda: torch.empty(m, n, dtype=a.dtype, device=a.device),
+              "current_stream": lambda: torch.cuda.current_stream(a.device).cuda_stream}
+    out = {}
+    for name, fn in pieces.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out[name] = round((time.perf_counter() - t0) / calls * 1e6, 2)
+        torch.cuda.synchronize()
+    out["rest_of_gemm"] = round(out["gemm"] - out["launch"] - out["torch.empty"]
+                                - out["current_stream"], 2)
+    out["profile_by_own_time"] = python_profile(pieces["gemm"], calls, top=12, sort="tottime")
+    return out
 
 
 def attention_row(shape: str, calls: int) -> dict:
@@ -91,6 +139,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--attention", nargs="*", metavar="BxSxHxD",
                     help="time cutetma.attention beside torch SDPA instead")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also time each piece of ours' default call (host_pieces)")
     ap.add_argument("--name", default="gemm_host_cost")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -120,6 +170,10 @@ def main(argv=None):
                          "kernel_us": round(kernel_us(fn, args.calls), 1)}
             if spec != "cublas":
                 row[spec]["python_profile"] = python_profile(fn, args.calls)
+        if args.pieces:
+            pieces = row["ours_pieces_us"] = host_pieces(a, b, max(args.calls, 200))
+            times = {key: value for key, value in pieces.items() if key != "profile_by_own_time"}
+            print(f"{cell} pieces (us): {times}", flush=True)
             print(f"{cell} {spec}: {row[spec]['host_us']} us host, {row[spec]['eager_us']} us "
                   f"eager, {row[spec]['kernel_us']} us kernel", flush=True)
         rows.append(row)
