@@ -170,12 +170,12 @@ def main(argv=None):
                          "kernel_us": round(kernel_us(fn, args.calls), 1)}
             if spec != "cublas":
                 row[spec]["python_profile"] = python_profile(fn, args.calls)
+            print(f"{cell} {spec}: {row[spec]['host_us']} us host, {row[spec]['eager_us']} us "
+                  f"eager, {row[spec]['kernel_us']} us kernel", flush=True)
         if args.pieces:
             pieces = row["ours_pieces_us"] = host_pieces(a, b, max(args.calls, 200))
             times = {key: value for key, value in pieces.items() if key != "profile_by_own_time"}
             print(f"{cell} pieces (us): {times}", flush=True)
-            print(f"{cell} {spec}: {row[spec]['host_us']} us host, {row[spec]['eager_us']} us "
-                  f"eager, {row[spec]['kernel_us']} us kernel", flush=True)
         rows.append(row)
     path = results.write(args.name, rows, Path(args.out), extra_meta={"complete": True})
     print(f"wrote {path}")
