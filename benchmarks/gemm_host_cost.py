@@ -93,15 +93,7 @@ def host_pieces(a, b, calls: int) -> dict:
               "run_compiled_program": lambda: launch._run(packed),
               "torch.empty": lambda: torch.empty(m, n, dtype=a.dtype, device=a.device),
               "current_stream": lambda: torch.cuda.current_stream(a.device).cuda_stream}
-    out = {}
-    for name, fn in pieces.items():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out[name] = round((time.perf_counter() - t0) / calls * 1e6, 2)
-        torch.cuda.synchronize()
+    out = {name: round(host_and_eager(fn, calls)[0], 2) for name, fn in pieces.items()}
     out["rest_of_gemm"] = round(out["gemm"] - out["launch"] - out["torch.empty"]
                                 - out["current_stream"], 2)
     out["profile_by_own_time"] = python_profile(pieces["gemm"], calls, top=12, sort="tottime")

@@ -9,6 +9,17 @@ steps (``gemm_bench``, ``gemm_tune``, ``gemm_headline``, ``gemm_widths``, ``atte
 ``paper_l2``, ``tutorials``). A short
 summary is printed last; logs and JSON go to $OUT (or ./gpu_out; at most 8 files return).
 
+Session 23's calls (2 calls and a check, session 22's build; ``.gpu/run1.sh``, ``run2.sh``)::
+
+    python benchmarks/gemm.py --dtypes float16 --name gemm_fp16 --out $OUT   # 270 s
+    python benchmarks/gemm_ab.py --dtype float16 --rounds 15 --name gemm_headline_s23_fp16 \
+        --cells 4096x4096x4096 8192x8192x8192 --kernels ours ours:cluster=1x2 ours:cluster=2x1
+    python benchmarks/gemm_sustained.py --dtype float16 --seconds 3 --rounds 2 \
+        --name gemm_sustained_headline_fp16 --cells 4096x4096x4096 8192x8192x8192 \
+        --kernels cublas ours ours:cluster=1x2                     # 45 s
+    (the same three with bfloat16, then)
+    python benchmarks/gemm_host_cost.py --pieces --name gemm_host_cost_pieces   # 60 s
+
 Session 22's calls (5 calls, each started by a helper agent; an A/B of two builds: the old
 ``src/`` as ``git archive HEAD src`` unpacked into ``.gpu/snapA`` (it travels with ``.gpu``),
 run with ``PYTHONPATH=$PWD/.gpu/snapA/src:$PYTHONPATH``, alternating with the working tree)::

@@ -400,9 +400,8 @@ def test_programmatic_dependent_launch_chain(options):
     """``pdl=True`` (passed on the H200 in session 22): a chain of GEMMs, each reading the
     previous one's output, launched so that each may start while the one before finishes;
     eager and as a CUDA graph replayed on fresh inputs, every link checked against the fp32
-    reference
-    (a kernel that read its input before the previous kernel finished writing it would
-    read NaN poison or stale values)."""
+    reference (a kernel that read its input before the previous kernel finished writing it
+    would read NaN poison or stale values)."""
     import torch
 
     from cutetma import ops
