@@ -1,7 +1,7 @@
 """Attention forward benchmark on the H200: cuDNN and FlashAttention-2 (torch SDPA backends)
 against ours (TMA and cp.async producers), one run, the same randn data.
 
-    source .gpu/prelude.sh && python benchmarks/attention.py [--quick] [--out DIR]
+    python benchmarks/attention.py [--quick] [--out DIR]
 
 The FlashAttention-3 grid: 16k tokens per batch (b = 16384 / s), h = 2048 / d heads,
 d in {64, 128, 256}, s in {512, 1k, 2k, 4k, 8k, 16k}, causal and not, fp16 and bf16.
@@ -10,16 +10,14 @@ CUDA-graph replays (``benchmarks/gemm.py``'s ``bench``); cuDNN and the headline 
 timed again in alternating rounds after the single pass, and report medians
 (``FINAL_ROUNDS``). Ours is checked against cuDNN's output first; a wrong or unsupported
 configuration becomes a row with an error.
-``tma`` / ``cp_async`` use the default consumer schedule for the head dim, mask and dtype
-(``BEST_SCHEDULE`` in the kernel); fp16 rows also time the TMA kernel with every schedule
-(``tma_serial``, ``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's
-intra-warpgroup overlap and pingpong, from which those defaults were chosen, the default with
-the wait for P V on the other side of the softmax (``tma_other_pv_wait``), and, where
-``ALT_BLOCKS`` names one, the default with another (block_m, block_n) (``tma_alt_blocks``),
-and with the other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``); and every
-row the default with one CTA per tile instead of the persistent grid
-(``tma_one_cta_per_tile``); fp16 non-causal rows also the K/V multicast to a cluster of 2
-(``tma_cluster2``). ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
+``tma`` / ``cp_async`` use the default consumer schedule for the head dim and mask
+(``BEST_SCHEDULE``, docs/design.md); fp16 rows also time the TMA kernel with each schedule
+(``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's intra-warpgroup
+overlap and pingpong, from which those defaults were chosen, the default with the wait for
+P V on the other side of the softmax (``tma_other_pv_wait``), and, where ``ALT_BLOCKS``
+names one, the default with another (block_m, block_n) (``tma_alt_blocks``), and with the
+other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``).
+``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
 those columns (both dtypes) and cuDNN: an A/B in a few minutes. ``--custom
 NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlens`` and
 ``--masks`` narrow the grid.
@@ -47,8 +45,8 @@ SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 ALT_BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (256, False): (128, 64),
               (256, True): (128, 64)}
 # A single pass times cuDNN first and ours after it, on a card whose clock moves with its
-# power state by several % within seconds: the same kernel timed twice in one cell of session
-# 10's grid read 0.993x and 1.017x cuDNN. So, as in ``gemm.py``, after every column of a cell
+# power state by several % within seconds: the same kernel timed twice in one cell of a grid
+# read 0.993x and 1.017x cuDNN. So, as in ``gemm.py``, after every column of a cell
 # has been timed once, cuDNN and the headline columns (``tma``, ``cp_async``; with
 # ``--variants`` / ``--custom`` every requested column) are timed again in this many
 # alternating rounds, and a cell's figure is the median of its timings (the single pass
@@ -81,10 +79,10 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
     face's default). The full run: the defaults for both dtypes, the ablations for fp16 only.
     ``chosen``: exactly these columns, for both dtypes (an A/B of a few; ``tma_two_q`` and
     ``tma_two_kv_stages`` only on request)."""
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    from cutetma import AttentionConfig
 
     every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
-    every += [(f"tma_{x}", "tma", x) for x in ("serial", "overlap", "pingpong")]
+    every += [(f"tma_{x}", "tma", x) for x in ("overlap", "pingpong")]
     # the default's other place for the wait for P V (before or after the softmax, PV_WAIT)
     pv_wait = AttentionConfig(head_dim=d, causal=causal).pv_wait
     every += [("tma_other_pv_wait", "tma",
@@ -98,15 +96,12 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
                   ("tma_two_q", "tma", dict(q_stages=2))]
     if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
         every += [("tma_two_kv_stages", "tma", dict(stages=2))]
-    every += [("tma_one_cta_per_tile", "tma", dict(persistent=False))]
-    if not causal:  # K/V multicast to a cluster of 2 (FA3's, d >= 128 non-causal there)
-        every += [("tma_cluster2", "tma", dict(cluster=2))]
     extra = [(name, config.get("load", "tma"), config) for name, config in custom]
     if chosen is not None or extra:
         return [v for v in every if v[0] in (chosen or ())] + extra
     on_request = ("tma_two_q", "tma_two_kv_stages")
     return [v for v in every if v[0] not in on_request and (
-        dtype == "float16" or v[0] in ("tma", "cp_async", "tma_one_cta_per_tile"))]
+        dtype == "float16" or v[0] in ("tma", "cp_async"))]
 
 
 def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
@@ -117,8 +112,8 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cutetma import ops
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    import cutetma
+    from cutetma import AttentionConfig
 
     t = getattr(torch, dtype)
     b, h = TOKENS // s, 2048 // d
@@ -149,10 +144,10 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
 
         def ours(mechanism=mechanism, config=config):
             if config is None:
-                return ops.attention(q, k, v, causal=causal, load=mechanism)
-            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, dtype=dtype,
-                                  **config)
-            return ops._run_attention(q, k, v, d ** -0.5, cfg)[0]
+                return cutetma.attention(q, k, v, causal=causal, load=mechanism)
+            cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, **config)
+            return cutetma.attention(q, k, v, softmax_scale=d ** -0.5, config=cfg,
+                                     return_lse=True)[0]
         try:
             out = ours()
             if ref is not None:
@@ -206,9 +201,8 @@ def summarize(rows) -> dict:
         s["median_tma_over_cp_async"] = statistics.median(mech)
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
-    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_alt_blocks",
-                     "tma_other_q", "tma_two_q", "tma_two_kv_stages", "tma_one_cta_per_tile",
-                     "tma_cluster2"):
+    for ablation in ("tma_overlap", "tma_pingpong", "tma_alt_blocks", "tma_other_q",
+                     "tma_two_q", "tma_two_kv_stages"):
         gains = [single_pass(r, "tma") / r[ablation] for r in rows
                  if r.get("tma") and r.get(ablation)]
         if gains:

@@ -3,14 +3,12 @@ and cuDNN (torch SDPA) side by side, d = 128 fp16, at a short and a middle seque
 (s = 512 and 2k, 16k tokens, 16 heads), non-causal: where the gap to cuDNN is widest and where
 it closes.
 
-    source .gpu/prelude.sh && python benchmarks/attention_profile.py OUT.json \
-        [--cells D:S[:cluster2] ...]
+    python benchmarks/attention_profile.py OUT.json [--cells D:S ...]
 
 The launches inside the NVTX range "profile" are measured (compiles and warm-ups are
 outside it); ``gemm_profile.run_ncu`` builds the ncu command and writes the table.
-``--cells``: other (head dim, sequence length) cells, non-causal, 16k tokens, 2048 / d heads;
-``:cluster2`` adds ours with ``cluster=2`` (K/V multicast) beside the default. The L2
-counters say whether a cell streams K / V at the L2's limit.
+``--cells``: other (head dim, sequence length) cells, non-causal, 16k tokens, 2048 / d heads.
+The L2 counters say whether a cell streams K / V at the L2's limit.
 
     python benchmarks/attention_profile.py --source OUT_DIR [SCHEDULE[:DTYPE[:SEQLEN[:D]]] ...]
 
@@ -53,22 +51,21 @@ CELLS_ENV = "CUTETMA_PROFILE_CELLS"  # how the ncu child learns the parent's --c
 
 
 def parse_cells(specs):
-    """``D:S[:cluster2]`` -> [(d, s, with_cluster)]."""
+    """``D:S`` -> [(d, s)]."""
     cells = []
     for spec in specs:
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or parts[2:] not in ([], ["cluster2"]):
-            raise SystemExit(f"--cells {spec!r}: D:S or D:S:cluster2")
-        cells.append((int(parts[0]), int(parts[1]), len(parts) == 3))
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"--cells {spec!r}: D:S")
+        cells.append((int(parts[0]), int(parts[1])))
     return cells
 
 
 def launch_names(cells):
     """The profiled launches in order, one name each."""
     names = []
-    for d, s, with_cluster in cells:
-        names += [f"ours_tma_d{d}_s{s}"] + ([f"ours_cluster2_d{d}_s{s}"] if with_cluster
-                                            else []) + [f"cudnn_d{d}_s{s}"]
+    for d, s in cells:
+        names += [f"ours_tma_d{d}_s{s}", f"cudnn_d{d}_s{s}"]
     return names
 
 
@@ -82,11 +79,10 @@ def workload():
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cutetma import ops
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    import cutetma
 
     calls = []
-    for d, s, with_cluster in parse_cells(os.environ.get(CELLS_ENV, "").split()
+    for d, s in parse_cells(os.environ.get(CELLS_ENV, "").split()
                                           or DEFAULT_CELLS):
         q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda",
                                dtype=torch.float16) for _ in range(3))
@@ -96,12 +92,7 @@ def workload():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
 
-        calls += [lambda q=q, k=k, v=v: ops.attention(q, k, v)]
-        if with_cluster:
-            cfg = AttentionConfig(head_dim=d, cluster=2)
-            calls += [lambda q=q, k=k, v=v, cfg=cfg: ops._run_attention(
-                q, k, v, cfg.head_dim ** -0.5, cfg)]
-        calls += [cudnn]
+        calls += [lambda q=q, k=k, v=v: cutetma.attention(q, k, v), cudnn]
     for fn in calls:  # compile and warm up outside the profiled range
         fn()
         fn()
@@ -129,18 +120,22 @@ def source_workload(spec: str):
     where not named)."""
     import torch
 
-    from cutetma import ops
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    import cutetma
+    from cutetma import AttentionConfig
 
     schedule, dtype, s, d = _parse_spec(spec)
     q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda",
                            dtype=getattr(torch, dtype)) for _ in range(3))
-    cfg = AttentionConfig(head_dim=d, schedule=schedule, dtype=dtype)
+    cfg = AttentionConfig(head_dim=d, schedule=schedule)
+
+    def call():
+        return cutetma.attention(q, k, v, softmax_scale=d ** -0.5, config=cfg, return_lse=True)
+
     for _ in range(2):
-        ops._run_attention(q, k, v, d ** -0.5, cfg)
+        call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("profile")
-    ops._run_attention(q, k, v, d ** -0.5, cfg)
+    call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 

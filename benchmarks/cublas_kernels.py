@@ -1,6 +1,6 @@
 """Which kernel cuBLAS (torch.matmul) runs for each GEMM cell, read from the torch profiler.
 
-    source .gpu/prelude.sh && python benchmarks/cublas_kernels.py [--cells MxNxK ...] \
+    python benchmarks/cublas_kernels.py [--cells MxNxK ...] \
         [--dtypes float16 bfloat16] [--name cublas_kernels] [--out DIR]
 
 cuBLAS's Hopper kernels (``nvjet_sm90_...``) carry their configuration in their names:
@@ -38,12 +38,12 @@ def parse_nvjet(name: str) -> dict:
 
 
 def as_ours(kernels: list[dict]) -> dict | None:
-    """``cutetma.gemm`` keywords for the tile and cluster of cuBLAS's main kernel in our terms
+    """``select_gemm_config`` options for the tile and cluster of cuBLAS's main kernel in our terms
     (its tile and cluster transposed; a width that is not a multiple of 16, nvjet's 168,
     rounded up to one), or None where ours cannot run it: a split K (nvjet's "splitK"
     kernels and a reduction kernel beside them; the slice count is not in the name), a
     tile height other than 64 / 128, a width past 384, a cluster ours does not take."""
-    from cutetma.kernels.gemm_sm90 import GemmConfig
+    from cutetma import GemmConfig
 
     main = kernels[0] if kernels else {}
     if "tile" not in main or "splitK" in main["name"] or any(
@@ -56,9 +56,7 @@ def as_ours(kernels: list[dict]) -> dict | None:
         GemmConfig(tile_m=height, tile_n=width, cluster_m=cluster[0], cluster_n=cluster[1])
     except ValueError:
         return None
-    shared = cluster != (1, 1)
-    return {"tile": (height, width), "load": "tma_multicast" if shared else "tma",
-            **({"cluster": cluster} if shared else {"cluster": (1, 1)})}
+    return {"tile": (height, width), "load": "tma", "cluster": cluster}
 
 
 def kernels_of(fn, repeats: int = 5) -> list[dict]:

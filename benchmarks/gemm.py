@@ -1,12 +1,14 @@
 """GEMM benchmark on the H200: cuBLAS (torch.matmul) against our kernel with each load
 mechanism (TMA, TMA + multicast, cp.async), one run, the same randn data.
 
-    source .gpu/prelude.sh && python benchmarks/gemm.py [--quick] [--out DIR]
+    python benchmarks/gemm.py [--quick] [--out DIR]
 
 Cells: 8192^3 and 4096^3, and the seed paper's 18 (N, K) projection shapes x M in
 {16, 64, 256, 512, 2048, 8192}, fp16 and bf16. Each mechanism takes its best tile of the
-candidates (as the paper picks the best tile per variant); ``tma_default`` is what
-``cutetma.gemm(a, b)`` gives with no options (its own tile and split-K choice). Times are
+candidates (as the paper picks the best tile per variant; a candidate runs as
+``cutetma.gemm(a, b, config=select_gemm_config(m, n, k, ...))``, ``gemm_config``);
+``tma_default`` is what ``cutetma.gemm(a, b)`` gives with no options (its own tile and
+split-K choice). Times are
 medians of ``triton.testing.do_bench`` over CUDA-graph replays (L2 flushed between runs);
 after the selection, cuBLAS, each mechanism's winner and ``tma_default`` run again in
 alternating rounds (the card's clock under its power cap drifts with what ran just before),
@@ -45,16 +47,16 @@ MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
        dict(load="tma", tile=(128, 128), schedule="pingpong")],
     "tma_multicast": [dict(load="tma", cluster=c, tile=(128, 256)) for c in ((2, 1), (1, 2))]
     # B multicast to two 128 x 128 tiles: 0.99-1.08x the same tiles alone at M = 256
-    # (gemm_m256_clusters.json, 2026-12-01); offered up to M = 512 (``candidates``)
+    # (docs/design.md, "B multicast for mid M"); offered up to M = 512 (``candidates``)
     + [dict(load="tma", cluster=(2, 1), tile=(128, 128))],
     "cp_async": [dict(load="cp_async", **t) for t in LARGE_M],
 }
 
 
 SM_COUNT = 132
-STREAM_K_BELOW = 0.9  # stream-K and narrower tiles where 128 x 256 tiles fill less of the SMs
+NARROW_BELOW = 0.9  # narrower tiles where 128 x 256 tiles fill less of the SMs
 NARROW_TILES = ((128, 192), (128, 160))  # fit the tiles to the SMs instead of cutting K
-# and the narrowest widths (steps of 16, ``ops.fit_width``) whose tiles make 1 or 2 waves, as
+# and the narrowest widths (steps of 16, ``tuning.fit_width``) whose tiles make 1 or 2 waves, as
 # cuBLAS picks its tiles (80 / 96 / 112 wide at M = 256, cublas_kernels.json, 2026-12-01);
 # offered where NARROW_TILES are, and to the multicast column with A shared by a (1, 2)
 # cluster at M <= 512, cuBLAS's cluster for those tiles. 64 wide: 64 x 128 tiles cover it
@@ -64,17 +66,62 @@ EXTRA_TILES: list = []  # --tiles: offered to TMA in every cell with M > 64 (an 
 # (8192^3 fp16, 2026-11-30: cuBLAS 762 TFLOP/s first, 656 in rounds alternating with ours),
 # so after the selection cuBLAS and each mechanism's winner are timed again in alternating
 # rounds, and the medians are the cell's figures (``selection`` keeps the first timings).
-# Three: a median of two is their mean, and one throttled round then moves a cell (session
-# 21's grid: 4096^3 bf16 read 0.884x with no options where the same configuration in the
-# TMA column read 1.005x; over the 96 cells where the two are the same configuration their
-# ratio spans 0.88-1.09, median 1.000)
+# Three: a median of two is their mean, and one throttled round then moves a cell (with two,
+# 4096^3 bf16 once read 0.884x with no options where the same configuration in the TMA column
+# read 1.005x; over the 96 cells where the two are the same configuration their ratio spanned
+# 0.88-1.09, median 1.000: docs/perf-log.md)
 FINAL_ROUNDS = 3
+# GemmConfig fields a candidate or spec may set beside select_gemm_config's options (what the
+# library otherwise chooses itself); the BOOL_FIELDS are given as 0 / 1
+CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "raster_swizzle", "raster_along_m",
+                 "order_table", "pdl")
+BOOL_FIELDS = ("raster_along_m", "order_table", "pdl")
+SELECT_OPTIONS = ("load", "cluster", "tile", "schedule", "split_k", "split_sum",
+                  "store_under_mma")
+
+
+def gemm_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = SM_COUNT):
+    """The ``GemmConfig`` a candidate names: ``select_gemm_config`` with its options
+    (``SELECT_OPTIONS``; ``split_k`` absent: automatic, as ``cutetma.gemm`` chooses), then
+    its ``CONFIG_FIELDS`` replaced."""
+    import dataclasses
+
+    from cutetma.tuning import select_gemm_config
+
+    unknown = set(kwargs) - set(SELECT_OPTIONS) - set(CONFIG_FIELDS)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)}: neither select_gemm_config options "
+                         f"{SELECT_OPTIONS} nor GemmConfig fields {CONFIG_FIELDS}")
+    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
+    for key in BOOL_FIELDS:
+        if key in fields:
+            fields[key] = bool(fields[key])
+    store = kwargs.get("store_under_mma")
+    cfg = select_gemm_config(
+        m, n, k, load=kwargs.get("load", "tma"), cluster=kwargs.get("cluster"),
+        tile=kwargs.get("tile"), sm_count=sm_count, schedule=kwargs.get("schedule"),
+        split_k=kwargs.get("split_k"), split_sum=kwargs.get("split_sum"),
+        store_under_mma=None if store is None else bool(store))
+    return dataclasses.replace(cfg, **fields) if fields else cfg
+
+
+def ours(a, b, kwargs: dict | None = None, sm_count: int = SM_COUNT):
+    """``cutetma.gemm`` on ``a``, ``b`` for a candidate: with no options, or ``load`` only, the
+    library's own choice (its tile order placed on the card); else ``config=gemm_config``."""
+    import cutetma
+
+    kwargs = dict(kwargs or {})
+    if set(kwargs) <= {"load"}:
+        return lambda: cutetma.gemm(a, b, **kwargs)
+    (m, k), n = a.shape, b.shape[0]
+    cfg = gemm_config(kwargs, m, n, k, sm_count)
+    return lambda: cutetma.gemm(a, b, config=cfg)
 
 
 
 def split_k_for(m: int, n: int, k: int, tile=(128, 128)) -> int:
     """The library's rule, on every shape it could apply to (not only where it won)."""
-    from cutetma.ops import split_k_for as rule
+    from cutetma.tuning.gemm import split_k_for as rule
 
     return rule(m, n, k, tile, SM_COUNT, everywhere=True)
 
@@ -84,14 +131,14 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
     multicast along M would share nothing; few output tiles: also split-K, as the
     library's rule would apply it everywhere; the correctness check before timing guards
     every candidate)."""
-    from cutetma.ops import auto_tile_and_split, split_for_waves, wave_efficiency
+    from cutetma.tuning.gemm import auto_tile_and_split, split_for_waves, wave_efficiency
 
     seen = []
     split_tile = (64, 128) if m <= 64 else (128, 128)
     if name in ("tma", "cp_async") and (s := split_k_for(m, n, k, split_tile)) > 1:
         seen.append(dict(load=name, tile=split_tile, split_k=s))
     if name in ("tma", "cp_async") and m > 64:  # where whole tiles leave SMs idle:
-        for tile in ((128, 256), (128, 128)):  # split-K by the wave model, and stream-K
+        for tile in ((128, 256), (128, 128)):  # split-K by the wave model
             split = split_for_waves(m, n, k, tile, SM_COUNT)
             if split > 1 and dict(load=name, tile=tile, split_k=split) not in seen:
                 seen.append(dict(load=name, tile=tile, split_k=split))
@@ -103,8 +150,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
             small = dict(load=name, tile=(64, 128), **({"split_k": split} if split > 1 else {}))
             if small not in seen:
                 seen.append(small)
-        if wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW:
-            seen.append(dict(load=name, tile=(128, 256), stream_k=True))
+        if wave_efficiency(m, n, (128, 256), SM_COUNT) < NARROW_BELOW:
             seen += [dict(load=name, tile=tile) for tile in NARROW_TILES]
             fitted = [dict(load=name, tile=(128, w)) for w in fitted_widths(m, n)]
             seen += [c for c in fitted if c not in seen]
@@ -121,7 +167,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
             options = []
         seen += [o for o in options if o not in seen]
     if name == "tma_multicast" and 128 < m <= 512 and (
-            wave_efficiency(m, n, (128, 256), SM_COUNT) < STREAM_K_BELOW):
+            wave_efficiency(m, n, (128, 256), SM_COUNT) < NARROW_BELOW):
         seen += [dict(load="tma", cluster=(1, 2), tile=(128, w)) for w in fitted_widths(m, n, (1,))]
     yield from seen
 
@@ -129,7 +175,7 @@ def candidates(name: str, m: int, n: int = 0, k: int = 0):
 def fitted_widths(m: int, n: int, waves=FIT_WAVES) -> list[int]:
     """The narrowest widths for this shape that make each of ``waves`` waves, 80 to 256 (no
     duplicates, in order)."""
-    from cutetma.ops import fit_width
+    from cutetma.tuning.gemm import fit_width
 
     widths = [fit_width(m, n, count, sm_count=SM_COUNT) for count in waves]
     return sorted({w for w in widths if w and w >= 80})
@@ -151,7 +197,7 @@ def bench(fn, window_ms: float = 25) -> float:
     ``window_ms``. The graph keeps host-side launch cost (Python, argument conversion) out
     of the kernel's time for every contender alike; ``eager_us`` in the results records
     what a plain call costs. A window is short against the time the power-capped clock takes
-    to settle (PERF_NOTES, session 19): a longer one lets a kernel's own power draw set it."""
+    to settle (docs/perf-log.md): a longer one lets a kernel's own power draw set it."""
     from triton.testing import do_bench
 
     fn()  # compile / warm up outside the capture
@@ -178,10 +224,10 @@ def as_graph(fn):
 def alternating_rounds(fns: dict, rounds: int, window_ms: float = 25) -> dict:
     """``bench`` every callable of ``fns`` in turn, ``rounds`` times, the order reversed
     every other round (A B C, C B A, ...), so no contender always follows the same one: on
-    this power-capped card what ran just before moves a kernel's clock (session 13's fp16
-    rows timed ``cutetma.gemm``'s default always right after cp.async, which draws less
-    power: 0.96-1.11x, median 1.003x, the same configuration timed after cuBLAS in the
-    same rounds). Milliseconds per key; ``window_ms``: each ``bench``'s timing window."""
+    this power-capped card what ran just before moves a kernel's clock (``cutetma.gemm``'s
+    default timed always right after cp.async, which draws less power, read 0.96-1.11x,
+    median 1.003x, the same configuration timed after cuBLAS in the same rounds).
+    Milliseconds per key; ``window_ms``: each ``bench``'s timing window."""
     order = list(fns.items())
     times: dict = {key: [] for key in fns}
     for i in range(rounds):
@@ -222,7 +268,8 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
     (M, N, K), the same randn data."""
     import torch
 
-    from cutetma import ops
+    import cutetma
+    from cutetma.tuning import select_gemm_config
 
     t = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(m * 31 + n * 7 + k)
@@ -236,10 +283,8 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
     for name in mechanisms:
         best = None
         for kwargs in candidates(name, m, n, k):
-            def call(kwargs=kwargs):
-                return ops.gemm(a, b, **kwargs)
-
             try:
+                call = ours(a, b, kwargs)
                 rel = (call().float() - ref.float()).abs().max().item() / scale
                 if not rel < 2e-2:  # a wrong result is never timed
                     row[f"{name}_error"] = f"{kwargs}: rel. max error {rel:.3g}"
@@ -260,19 +305,19 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
             if name == "tma":
                 row["tma_eager_us"] = eager_us(best[2])
                 row["cublas_eager_us"] = eager_us(lambda: a @ b.T)
-    # what a user gets: cutetma.gemm(a, b) with no options (ops.auto_tile_and_split), timed
+    # what a user gets: cutetma.gemm(a, b) with no options (tuning.auto_tile_and_split), timed
     # in the same alternating rounds as cuBLAS and the winners (a single timing after them
-    # put one cell 18% under the same configuration's median in another column:
-    # 512x4096x4096 bf16, session 13's grid)
-    chosen = ops._gemm_config(m, n, "tma", None, None, SM_COUNT, split_k=None, k=k)
+    # once put a cell 18% under the same configuration's median in another column:
+    # 512x4096x4096 bf16)
+    chosen = select_gemm_config(m, n, k, sm_count=SM_COUNT)
     row["tma_default_config"] = {"tile": [chosen.tile_m, chosen.tile_n],
                                  "split_k": chosen.split_k, "schedule": chosen.schedule,
                                  "split_sum": chosen.split_sum,
                                  "cluster": [chosen.cluster_m, chosen.cluster_n]}
     contenders = {"cublas": lambda: a @ b.T, **finalists}
-    rel = (ops.gemm(a, b).float() - ref.float()).abs().max().item() / scale
+    rel = (cutetma.gemm(a, b).float() - ref.float()).abs().max().item() / scale
     if rel < 2e-2:
-        contenders["tma_default"] = lambda: ops.gemm(a, b)
+        contenders["tma_default"] = lambda: cutetma.gemm(a, b)
     else:
         row["tma_default_error"] = f"rel. max error {rel:.3g}"
     if finalists:

@@ -1,12 +1,13 @@
 """An interleaved A/B of GEMM configurations against cuBLAS: short runs, many cells.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_ab.py \
+    python benchmarks/gemm_ab.py \
         --kernels ours:tile=128x256 ours:tile=128x256,store_under_mma=1 [--cells MxNxK ...] \
         [--dtype float16] [--rounds 3] [--window-ms 25] [--name gemm_ab] [--out DIR]
 
 For each cell (default: the grid's cells with M >= 2048, where whole 128 x 256 tiles fill
 the SMs, and the two headline shapes), cuBLAS and each ``--kernels`` spec (as in
-``gemm_sustained.py``: ``ours:key=value,...`` are ``cutetma.gemm`` keyword arguments, checked
+``gemm_sustained.py``: ``ours:key=value,...`` are ``select_gemm_config`` options and
+``GemmConfig`` fields (``gemm.gemm_config``), checked
 against cuBLAS's result first; ``split_k=wave`` takes the most slices that fit one wave for
 the spec's tile in each cell; ``mirror=cublas`` takes the tile and cluster of cuBLAS's own
 kernel in each cell (read from the profiler in the same run);
@@ -54,13 +55,13 @@ def summarize(rows, specs) -> dict:
 
 def resolve(kwargs: dict, m: int, n: int, k: int, cublas=None) -> dict:
     """Specs that follow the cells' sizes. ``split_k=wave``: the most slices whose units fit
-    one wave of the SMs for the spec's tile in this cell (``ops.wave_split``). ``fit=W``:
+    one wave of the SMs for the spec's tile in this cell (``tuning.wave_split``). ``fit=W``:
     128-row tiles of the narrowest width (a multiple of 16) that makes at most W waves
-    (``ops.fit_width``); a cell no width fits in W waves is refused. ``mirror=cublas``: the
+    (``tuning.fit_width``); a cell no width fits in W waves is refused. ``mirror=cublas``: the
     tile and cluster of the kernel cuBLAS runs in this cell (``cublas``: its kernels, as
     ``cublas_kernels.kernels_of`` lists them; ``cublas_kernels.as_ours`` translates), so
     ours and cuBLAS meet with the same configuration; refused where ours cannot run it."""
-    from cutetma import ops
+    from cutetma.tuning import gemm as tuning
 
     if kwargs.get("mirror") == "cublas":
         from cublas_kernels import as_ours
@@ -71,7 +72,7 @@ def resolve(kwargs: dict, m: int, n: int, k: int, cublas=None) -> dict:
             raise ValueError(f"ours cannot run cuBLAS's kernel here ({name})")
         kwargs = {key: v for key, v in kwargs.items() if key != "mirror"} | mirrored
     if "fit" in kwargs:
-        width = ops.fit_width(m, n, kwargs["fit"])
+        width = tuning.fit_width(m, n, kwargs["fit"])
         if width is None:
             raise ValueError(f"no tile width fits {m}x{n} in {kwargs['fit']} wave(s)")
         kwargs = {key: v for key, v in kwargs.items() if key != "fit"} | {"tile": (128, width)}
@@ -79,7 +80,7 @@ def resolve(kwargs: dict, m: int, n: int, k: int, cublas=None) -> dict:
         return kwargs
     if "tile" not in kwargs:
         raise SystemExit("split_k=wave needs a tile=MxN in the same spec")
-    split = ops.wave_split(m, n, k, kwargs["tile"])
+    split = tuning.wave_split(m, n, k, kwargs["tile"])
     out = dict(kwargs, split_k=split)
     if split == 1:
         out.pop("split_sum", None)  # nothing to sum
@@ -138,7 +139,7 @@ def measure(m: int, n: int, k: int, dtype: str, specs: dict, rounds: int,
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", nargs="+", required=True, metavar="SPEC",
-                    help="ours:key=value,... (cutetma.gemm keyword arguments)")
+                    help="ours:key=value,... (select_gemm_config options, GemmConfig fields)")
     ap.add_argument("--cells", nargs="*", metavar="MxNxK")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=3)

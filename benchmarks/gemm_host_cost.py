@@ -1,6 +1,6 @@
 """What one eager ``cutetma.gemm`` call costs the host, beside cuBLAS's ``a @ b.T``.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_host_cost.py [--cells MxNxK ...] \
+    python benchmarks/gemm_host_cost.py [--cells MxNxK ...] \
         [--kernels ours ours:tile=128x96,cluster=1x1 ...] [--calls 50]
 
 Why: the benchmarks time CUDA-graph replays, which leave the host out; a user calling
@@ -10,14 +10,14 @@ this would read as the kernel's time); ``eager_us``, CUDA events around ``--call
 back to back (the larger of host and GPU time a call, if nothing waits); ``kernel_us``, the
 same launches with the GPU's own timestamps (torch profiler); and for ours a cProfile of
 the calls (the Python functions that take the most, cumulative) and what the automatic
-configuration alone costs (``config_us``: ``ops._gemm_config``, which ``gemm`` remembers
-per shape). Writes ``<name>.json``.
+configuration alone costs (``config_us``: ``tuning.select_gemm_config``, which ``gemm``
+remembers per shape). Writes ``<name>.json``.
 
 ``--pieces``: also each piece of the default call's host time (``host_pieces``).
 
 ``--attention BxSxHxD ...``: the same for ``cutetma.attention`` (non-causal, fp16) beside
 torch SDPA (cuDNN / flash) on (batch, seqlen, heads, head_dim) inputs, instead of the GEMM
-cells: ``cutetma.attention`` launches a pointer entry too (``ops.AttentionLaunch``).
+cells: ``cutetma.attention`` launches a pointer entry too.
 """
 
 from __future__ import annotations
@@ -71,24 +71,25 @@ def host_pieces(a, b, calls: int) -> dict:
     The launch's values are caught from a real call, so the pieces launch the same kernel."""
     import torch
 
-    from cutetma import ops
+    import cutetma
+    from cutetma.runtime import GemmLaunch
 
     seen = {}
-    original = ops.GemmLaunch.__call__
+    original = GemmLaunch.__call__
 
     def spy(self, values, workspace=()):
         seen.update(launch=self, values=values, workspace=workspace)
         return original(self, values, workspace)
 
-    ops.GemmLaunch.__call__ = spy
+    GemmLaunch.__call__ = spy
     try:
-        ops.gemm(a, b)
+        cutetma.gemm(a, b)
     finally:
-        ops.GemmLaunch.__call__ = original
+        GemmLaunch.__call__ = original
     launch, values, workspace = seen["launch"], seen["values"], seen["workspace"]
     packed = launch.args(values, workspace)
     m, n = a.shape[0], b.shape[0]
-    pieces = {"gemm": lambda: ops.gemm(a, b),
+    pieces = {"gemm": lambda: cutetma.gemm(a, b),
               "launch": lambda: launch(values, workspace),
               "run_compiled_program": lambda: launch._run(packed),
               "torch.empty": lambda: torch.empty(m, n, dtype=a.dtype, device=a.device),
@@ -106,13 +107,13 @@ def attention_row(shape: str, calls: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from cutetma import ops
+    import cutetma
 
     b, s, h, d = (int(x) for x in shape.split("x"))
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
     fns = {"sdpa": lambda: F.scaled_dot_product_attention(
                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
-           "ours": lambda: ops.attention(q, k, v)}
+           "ours": lambda: cutetma.attention(q, k, v)}
     row = {"B": b, "S": s, "H": h, "D": d, "dtype": "float16"}
     for name, fn in fns.items():
         host, eager = host_and_eager(fn, calls)
@@ -138,7 +139,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
 
-    from cutetma import ops, results
+    from cutetma import results
+    from cutetma.tuning import select_gemm_config
 
     if args.attention:
         rows = [attention_row(shape, args.calls) for shape in args.attention]
@@ -153,7 +155,7 @@ def main(argv=None):
         row = {"M": m, "N": n, "K": k, "dtype": "float16"}
         t0 = time.perf_counter()
         for _ in range(args.calls):
-            ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+            select_gemm_config(m, n, k, sm_count=132)
         row["config_us"] = round((time.perf_counter() - t0) / args.calls * 1e6, 1)
         for spec in ["cublas", *args.kernels]:
             fn = contender(parse_kernel(spec), a, b)

@@ -1,23 +1,24 @@
 """GEMM kernels' own GPU time (CUPTI, through the torch profiler), L2 flushed before every
 launch, over a sweep of K: each contender's fixed cost per launch and its cost per k-tile.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_kernel_times.py \
+    python benchmarks/gemm_kernel_times.py \
         --shapes 256x6144 256x5120 --ks 1024 2048 4096 8192 \
-        --kernels ours ours:tile=128x96,load=tma_multicast,cluster=1x2 [--dtype float16]
+        --kernels ours ours:tile=128x96,cluster=1x2 [--dtype float16]
 
 Why: ``gemm.py`` and ``gemm_ab.py`` time CUDA-graph replays between events, which adds the
 graph's launch to every contender alike (a few microseconds) and so pulls short kernels'
 ratios towards 1; and one K per cell cannot tell a slow start (prologue, the first loads
 from DRAM, the last tile's epilogue) from a slow mainloop. Here each launch's kernels are
 timed by the GPU itself (each launch a replay of the call's CUDA graph, ``--launch graph``,
-so no contender's host cost idles the GPU before it: the session's first four files of
-2026-12-02 called eagerly, which started ours 100-300 us after the flush and cuBLAS at once),
+so no contender's host cost idles the GPU before it: called eagerly, ours started 100-300 us
+after the flush and cuBLAS at once),
 and a line ``time = fixed + per_k_tile * ceil(K / 64)`` is fitted
 per (M, N, contender) over the K sweep (least squares). ``--kernels``: as ``gemm_ab.py``
-(``ours``, ``ours:key=value,...`` with ``cutetma.gemm``'s keywords, ``fit=W``,
+(``ours``, ``ours:key=value,...`` with ``select_gemm_config``'s options, ``fit=W``,
 ``split_k=wave``), plus ``GemmConfig`` fields the library otherwise chooses itself:
-``stages=S``, ``epi_n=E``, ``epi_stages=B``, ``load_hint=normal|first|last``,
-``raster_swizzle=S``, ``raster_along_m=0|1``. cuBLAS always runs. Writes ``<name>.json``:
+``stages=S``, ``epi_n=E``, ``epi_stages=B``, ``raster_swizzle=S``, ``raster_along_m=0|1``,
+``order_table=0|1``, ``pdl=0|1`` (``gemm.CONFIG_FIELDS``). cuBLAS always runs.
+Writes ``<name>.json``:
 rows (M, N, K, dtype, each contender's median kernel microseconds and TFLOP/s, the kernels'
 names, and ``<key>_graph_us``: the same call timed as ``gemm.py`` times it, CUDA-graph
 replays between events (``--graph-rounds`` alternating rounds), so the difference is what a

@@ -8,12 +8,13 @@ outside it). ``run_ncu()`` builds that command, runs it and writes the table as 
 
     python benchmarks/gemm_profile.py --source OUT_DIR MxNxK[/key=value,...] ...
 
-profiles one launch of ours per spec (``cutetma.gemm`` with those keyword arguments, as in
-``gemm_sustained.py``; ``dtype=bfloat16`` picks the inputs' type, fp16 otherwise) with ncu's
-source counters: the SASS listing with its warp-stall samples (``gemm_sass_<spec>.csv.gz``)
-and where the warps wait most and why (``gemm_sass_<spec>.json``, all of them together in
-``gemm_sass.json``; ``--collect OUT_DIR`` rebuilds that file), e.g. where split-K's hand-over
-spends its time: ``256x512x5120/tile=128x128,split_k=4``.
+profiles one launch of ours per spec (``cutetma.gemm`` with the configuration those options
+name, as in ``gemm_sustained.py``; ``dtype=bfloat16`` picks the inputs' type, fp16
+otherwise) with ncu's source counters: the SASS listing with its warp-stall samples
+(``gemm_sass_<spec>.csv.gz``) and where the warps wait most and why
+(``gemm_sass_<spec>.json``, all of them together in ``gemm_sass.json``; ``--collect OUT_DIR``
+rebuilds that file), e.g. where split-K's hand-over spends its time:
+``256x512x5120/tile=128x128,split_k=4``.
 
     python benchmarks/gemm_profile.py --compare OUT.json MxNxK[/dtype=bfloat16] SPEC ...
 
@@ -21,7 +22,7 @@ puts the launch-wide counters (``METRICS`` and the memory ones, ``COMPARE_METRIC
 cuBLAS and each spec (``cublas`` or ``ours:key=value,...``, as in ``gemm_kernel_times.py``) on
 one shape side by side, e.g. why our 64 x 128 tile takes 15% longer than cuBLAS's 64 x 128
 kernel (same tile, stages and cluster) at 2048 x 512 x 5120: ``--compare p.json
-2048x512x5120 cublas ours ours:tile=64x128,load=tma_multicast,cluster=2x1``.
+2048x512x5120 cublas ours ours:tile=64x128,cluster=2x1``.
 """
 
 from __future__ import annotations
@@ -282,16 +283,18 @@ def source_workload(spec: str):
     """Ours once inside the NVTX range, on randn data (the SASS profile's launch)."""
     import torch
 
-    from cutetma import ops
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm_sustained import contender
 
     (m, n, k), dtype, kwargs = parse_source_spec(spec)
     a = torch.randn(m, k, device="cuda", dtype=getattr(torch, dtype))
     b = torch.randn(n, k, device="cuda", dtype=getattr(torch, dtype))
+    call = contender(kwargs, a, b)
     for _ in range(2):
-        ops.gemm(a, b, **kwargs)
+        call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("profile")
-    ops.gemm(a, b, **kwargs)
+    call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 

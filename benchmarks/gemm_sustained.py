@@ -2,25 +2,21 @@
 no options) each run back to back for several seconds, alternating, while nvidia-smi reports
 the SM clock and the power drawn.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_sustained.py [--seconds 6] [--out DIR] \
+    python benchmarks/gemm_sustained.py [--seconds 6] [--out DIR] \
         [--cells MxNxK ...] [--grid-m 2048 8192] \
-        [--kernels cublas ours ours:load=tma_multicast,cluster=2x1 ...]
+        [--kernels cublas ours ours:cluster=2x1 ...]
 
-Why: short, cool runs (a dozen cells, seconds each) put ours at 0.98-1.02x cuBLAS on the
-large K = 4096 / 5120 shapes, while the 8-minute grid, where the card runs hot, has 0.90-0.93
-for the same cells (both timed in alternating rounds). If the card's clock under its power cap
-drops further for ours than for cuBLAS, a kernel that spends more energy per FLOP loses
-exactly where the grid says. Each row: one kernel's phase, its TFLOP/s over the whole phase
-(timed by CUDA events around the loop), and the median SM clock and power sampled during it.
+Why: short, cool runs (a dozen cells, seconds each) and long hot ones can rank kernels
+differently: under the card's power cap a kernel that spends more energy per FLOP runs at a
+lower clock. Each row: one kernel's phase, its TFLOP/s over the whole phase (timed by CUDA
+events around the loop), and the median SM clock and power sampled during it.
 Every contender runs as replays of a CUDA graph of ``GRAPH_CALLS`` calls (``--eager``: plain
-calls), so the host's cost per call (0.2 ms for an eager ``cutetma.gemm`` on the H200's host
-in session 16, against a 0.18 ms kernel at 4096^3) cannot idle the GPU between kernels:
-sessions 10-19 ran the phases eagerly, so their figures for ours below ~0.3 ms a kernel
-include host gaps.
+calls), so the host's cost per call (tens of microseconds for an eager ``cutetma.gemm``)
+cannot idle the GPU between short kernels.
 ``--kernels``: ``cublas``, ``ours`` (``cutetma.gemm`` with no options) or ``ours:`` with
-``cutetma.gemm`` keyword arguments (``key=value`` separated by commas; ``2x1`` is a tuple),
-or ``nvidia:tile=128x256,cluster=1x2`` for NVIDIA's CuTe DSL example (``nvidia_peer.py``,
-with ``--nvidia-example PATH``):
+``select_gemm_config`` options and ``GemmConfig`` fields (``key=value`` separated by commas;
+``2x1`` is a tuple; ``gemm.gemm_config``), or ``nvidia:tile=128x256,cluster=1x2`` for
+NVIDIA's CuTe DSL example (``nvidia_peer.py``, with ``--nvidia-example PATH``):
 which of our configurations spends least energy per FLOP once the card sits at its cap (a
 cooler, shorter run can rank them differently). The kernels take turns, ``--rounds`` times.
 ``--grid-m``: the grid's 18 cells at each M given, after ``--cells``. Writes
@@ -36,6 +32,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import CONFIG_FIELDS, gemm_config, ours  # noqa: E402,F401
 
 CELLS = [(8192, 14336, 4096), (8192, 8192, 8192)]
 KERNELS = ("cublas", "ours")
@@ -63,38 +62,19 @@ def parse_kernel(spec: str) -> dict | None:
     return kwargs
 
 
-# GemmConfig fields a spec may set (not gemm keywords)
-CONFIG_FIELDS = ("stages", "epi_n", "epi_stages", "load_hint", "raster_swizzle",
-                 "raster_along_m", "multicast_a", "multicast_b", "order_table")
-BOOL_FIELDS = ("raster_along_m", "multicast_a", "multicast_b", "order_table")  # 0 / 1
-
-
 def spec_config(kwargs: dict, m: int, n: int, k: int, sm_count: int = 132):
-    """The ``GemmConfig`` a spec with ``CONFIG_FIELDS`` names: what the library would choose
-    for the spec's ``cutetma.gemm`` keywords on this shape, those fields replaced; None
-    when the spec has none of them (``cutetma.gemm`` then takes the keywords itself)."""
-    import dataclasses
-
-    from cutetma import ops
-
-    fields = {key: kwargs[key] for key in CONFIG_FIELDS if key in kwargs}
-    for key in BOOL_FIELDS:
-        if key in fields:
-            fields[key] = bool(fields[key])
-    if not fields:
+    """The ``GemmConfig`` a spec that sets ``CONFIG_FIELDS`` names (``gemm.gemm_config``:
+    ``select_gemm_config`` with the spec's options, those fields replaced); None when it sets
+    none of them."""
+    if not any(key in kwargs for key in CONFIG_FIELDS):
         return None
-    kw = {key: v for key, v in kwargs.items() if key not in CONFIG_FIELDS}
-    cfg = ops._gemm_config(
-        m, n, kw.get("load", "tma"), kw.get("cluster"), kw.get("tile"), sm_count,
-        kw.get("schedule"), kw.get("split_k"), k, kw.get("stream_k", False),
-        kw.get("store_under_mma"), kw.get("split_sum"))
-    return dataclasses.replace(cfg, **fields)
+    return gemm_config(kwargs, m, n, k, sm_count)
 
 
 def contender(kwargs: dict | None, a, b):
     """The callable a spec names: cuBLAS (``None``), NVIDIA's example (``peer="nvidia"``)
-    or ``cutetma.gemm`` with the spec's keyword arguments (``spec_config`` where the spec
-    sets ``GemmConfig`` fields; ``placed=0``: with the scheduler's default raster order,
+    or ``cutetma.gemm`` (``gemm.ours``: the library's own choice, or ``config=`` the spec's
+    ``GemmConfig``; ``placed=0``: with the scheduler's default raster order,
     ``cutetma.placement`` switched off)."""
     if kwargs is None:
         return lambda: a @ b.T
@@ -102,7 +82,7 @@ def contender(kwargs: dict | None, a, b):
         import nvidia_peer
 
         return nvidia_peer.gemm_fn(a, b, **{k: v for k, v in kwargs.items() if k != "peer"})
-    from cutetma import ops, placement
+    from cutetma.runtime import placement, sm_count
 
     if kwargs.get("placed") == 0:
         inner = contender({key: v for key, v in kwargs.items() if key != "placed"}, a, b)
@@ -111,11 +91,7 @@ def contender(kwargs: dict | None, a, b):
             with placement.switched_off():
                 return inner()
         return unplaced
-    (m, k), n = a.shape, b.shape[0]
-    cfg = spec_config(kwargs, m, n, k, ops._sm_count(a.device.index))
-    if cfg is None:
-        return lambda: ops.gemm(a, b, **kwargs)
-    return lambda: ops.gemm(a, b, config=cfg)
+    return ours(a, b, kwargs, sm_count(a.device.index))
 
 
 def load_peer(path: str | None) -> dict:

@@ -1,9 +1,10 @@
 """Which GEMM configuration is fastest on this card: a small sweep at the sizes the targets
 name (8192^3, 4096^3), fp16 and bf16, against cuBLAS in the same run on the same randn data.
 
-    source .gpu/prelude.sh && python benchmarks/gemm_tune.py [--out DIR]
+    python benchmarks/gemm_tune.py [--out DIR]
 
-Writes ``gemm_tune.json``; the fastest configuration per size feeds ``ops.gemm``'s defaults.
+Writes ``gemm_tune.json`` (``--headline-only``: ``gemm_headline.json``); what it found is in
+docs/design.md.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def main(argv=None):
         return 0
     import torch
 
-    from cutetma import ops, results
-    from cutetma.kernels.gemm_sm90 import GemmConfig
+    import cutetma
+    from cutetma import GemmConfig, results
 
     rows = []
     for dtype, (m, n, k) in itertools.product(("float16", "bfloat16"), SIZES):
@@ -67,7 +68,7 @@ def main(argv=None):
                              schedule=tile[2])
 
             def call(a=a, b=b, cfg=cfg):
-                return ops.gemm(a, b, config=cfg)
+                return cutetma.gemm(a, b, config=cfg)
 
             row = {"M": m, "N": n, "K": k, "dtype": dtype, "tile": tile, "cluster": cluster,
                    "raster_swizzle": raster, "epi_n": epi_n, "cublas": cublas}
@@ -95,8 +96,8 @@ def headline(rows, rounds: int = 7, every_config: bool = False):
 
     import torch
 
-    from cutetma import ops
-    from cutetma.kernels.gemm_sm90 import GemmConfig
+    import cutetma
+    from cutetma import GemmConfig
 
     out = []
     for dtype, (m, n, k) in itertools.product(("float16", "bfloat16"), SIZES):
@@ -116,7 +117,7 @@ def headline(rows, rounds: int = 7, every_config: bool = False):
                              schedule=best["tile"][2])
 
             def ours_call(a=a, b=b, cfg=cfg):
-                return ops.gemm(a, b, config=cfg)
+                return cutetma.gemm(a, b, config=cfg)
 
             ours, theirs = [], []
             for _ in range(rounds):

@@ -1,6 +1,6 @@
 """Where the H200 puts a persistent grid's CTAs: SM and GPC of every CTA index.
 
-    source .gpu/prelude.sh && python benchmarks/sm_placement.py [--out DIR] [--repeats 3]
+    python benchmarks/sm_placement.py [--out DIR] [--repeats 3]
 
 The GEMM's static scheduler gives the CTA (cluster) with index i the tiles i, i + grid, ...,
 so the tile -> SM map is the hardware's CTA -> SM map, and which CTAs share a GPC decides
@@ -31,9 +31,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from cutetma import ops, placement, results
+    from cutetma import results
+    from cutetma.runtime import placement
+    from cutetma.runtime import sm_count as device_sm_count
+    from cutetma.tuning.placement import gpcs_from_clusters
 
-    sm_count = ops._sm_count(0)
+    sm_count = device_sm_count(0)
     launches, named = [], []
     plan = [(size, sm_count // size * size, 1) for size in placement.GPC_PROBE_CLUSTERS]
     plan += [(size, ctas, args.repeats) for size, ctas in GRIDS]
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
             launches.append({"cluster": size, "ctas": ctas, "repeat": repeat,
                              "sm": [r[0] for r in rows],
                              "start_ns": [(r[2] - t0) % 2**32 for r in rows]})
-    gpc = placement.gpcs_from_clusters(named, sm_count)
+    gpc = gpcs_from_clusters(named, sm_count)
     for launch in launches:
         launch["gpc"] = [gpc[sm] for sm in launch["sm"]]
         print(f"cluster {launch['cluster']:2d} x {launch['ctas'] // launch['cluster']:3d}: GPCs",

@@ -41,14 +41,16 @@ def _same_dtype(q, k, v, causal):
 
 def check(q, k, v, causal, load="tma", **config):
     """``config``: AttentionConfig fields other than the defaults (schedule, persistent)."""
-    from cutetma import ops
-    from cutetma.kernels.attention_sm90 import AttentionConfig, attention_ref
+    import cutetma
+    from cutetma.kernels.attention import AttentionConfig
+    from cutetma.reference import attention_ref
 
     if not config:
-        out, lse = ops.attention(q, k, v, causal=causal, return_lse=True, load=load)
+        out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True, load=load)
     else:
         cfg = AttentionConfig(head_dim=q.shape[-1], causal=causal, load=load, **config)
-        out, lse = ops._run_attention(q, k, v, q.shape[-1] ** -0.5, cfg)
+        out, lse = cutetma.attention(q, k, v, causal=causal, softmax_scale=q.shape[-1] ** -0.5,
+                                     config=cfg, return_lse=True)
     ref, ref_lse = attention_ref(q, k, v, causal)
     same = _same_dtype(q, k, v, causal).float()
     assert not out.isnan().any(), "NaN in the output"
@@ -77,39 +79,6 @@ def test_grid(load, dtype, head_dim, causal):
         check(q, k, v, causal, load)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_cluster_multicast(dtype, head_dim):
-    """cluster=2, K/V multicast to the two CTAs of a cluster: odd numbers of query blocks (the
-    second CTA's block lies past the end: zero Q, nothing stored), s_q != s_k, GQA / MQA, and
-    a grid where every cluster walks many items (the two rings must stay in step)."""
-    import torch
-
-    t = getattr(torch, dtype)
-    shapes = [(2, 1, 1, 4, 4), (2, 113, 203, 4, 2), (2, 203, 113, 4, 1), (2, 1023, 1024, 4, 4),
-              (3, 4224, 4224, 16, 4)]
-    for b, s_q, s_k, h, h_kv in shapes:
-        q = torch.randn(b, s_q, h, head_dim, device="cuda", dtype=t)
-        k = torch.randn(b, s_k, h_kv, head_dim, device="cuda", dtype=t)
-        v = torch.randn(b, s_k, h_kv, head_dim, device="cuda", dtype=t)
-        check(q, k, v, False, cluster=2)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_l2_hints(causal):
-    """l2_hints (Q evict_first, K / V evict_last): a cache policy changes where lines live in
-    L2, never the bytes that arrive; alone and with the cluster's multicast copies."""
-    import torch
-
-    for s_q, s_k in [(113, 203), (1023, 1024)]:
-        q = torch.randn(2, s_q, 4, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(2, s_k, 2, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(2, s_k, 2, 128, device="cuda", dtype=torch.bfloat16)
-        check(q, k, v, causal, l2_hints=True)
-        if not causal:
-            check(q, k, v, causal, l2_hints=True, cluster=2)
-
-
 @pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_mqa(heads, causal):
@@ -126,7 +95,8 @@ def test_gqa_mqa(heads, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_every_schedule(schedule, causal, head_dim):
-    """Every schedule the benchmark compares, whichever is the default: with two consumer
+    """Every schedule, whichever is the default (serial: the experimental ablation that
+    tutorial 08 compares with the others): with two consumer
     warpgroups (d = 128) and three (d = 64, block_m = 192: pingpong's turn goes round
     three). 16 heads: at s = 1023 the 132 CTAs walk two tiles or more each, so pingpong's
     turn is passed on from one tile to the next."""
@@ -148,7 +118,7 @@ def test_other_pv_wait(head_dim, causal):
     waited for after it). 16 heads: several tiles per CTA."""
     import torch
 
-    from cutetma.kernels.attention_sm90 import PV_WAIT
+    from cutetma.kernels.attention import PV_WAIT
 
     other = {"early": "late", "late": "early"}[PV_WAIT[head_dim]]
     for s_q, s_k in [(1, 1), (113, 203), (1023, 1023), (203, 113)]:
@@ -156,21 +126,6 @@ def test_other_pv_wait(head_dim, causal):
         k = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.float16)
         v = torch.randn(2, s_k, 16, head_dim, device="cuda", dtype=torch.float16)
         check(q, k, v, causal, pv_wait=other)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_exp2_fma(head_dim, causal):
-    """Every 4th exp2 from the cubic on the FMA pipe (``exp2_fma=4``; FlashAttention-4's
-    offload), both dtypes: inside the same error bound as every other configuration."""
-    import torch
-
-    for dtype in (torch.float16, torch.bfloat16):
-        for s_q, s_k in [(113, 203), (1023, 1023), (203, 113)]:
-            q = torch.randn(2, s_q, 8, head_dim, device="cuda", dtype=dtype)
-            k = torch.randn(2, s_k, 8, head_dim, device="cuda", dtype=dtype)
-            v = torch.randn(2, s_k, 8, head_dim, device="cuda", dtype=dtype)
-            check(q, k, v, causal, exp2_fma=4)
 
 
 @pytest.mark.parametrize("blocks", [(64, 192, 96), (256, 128, 64), (256, 128, 80)])
@@ -191,7 +146,7 @@ def test_benchmarked_block_shapes(blocks, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_walk(load, causal):
     """Many tiles per CTA (one CTA per SM walks 16 x 16 x 4 = 1024 tiles; causal gives them
-    different key counts), and the one-CTA-per-tile grid on the same inputs."""
+    different key counts), and the one-CTA-per-tile grid (experimental) on the same inputs."""
     import torch
 
     q = torch.randn(4, 2001, 16, 64, device="cuda", dtype=torch.float16)
@@ -218,7 +173,7 @@ def test_two_q_buffers(load, causal):
 def test_custom_op_and_stream():
     import torch
 
-    from cutetma.kernels.attention_sm90 import attention_ref
+    from cutetma.reference import attention_ref
 
     q = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.float16)
@@ -245,6 +200,7 @@ def test_errors_before_launch():
     import torch
 
     from cutetma import ops
+    from cutetma.kernels.attention import AttentionConfig
 
     def t(*shape, dtype=torch.float16):
         return torch.randn(*shape, device="cuda", dtype=dtype)
@@ -259,3 +215,6 @@ def test_errors_before_launch():
         ops.attention(t(1, 8, 2, 64), t(1, 9, 2, 64), t(1, 8, 2, 64))
     with pytest.raises(ValueError, match="load"):
         ops.attention(t(1, 8, 2, 64), t(1, 8, 2, 64), t(1, 8, 2, 64), load="bulk")
+    with pytest.raises(ValueError, match="config is for"):
+        ops.attention(t(1, 8, 2, 64), t(1, 8, 2, 64), t(1, 8, 2, 64),
+                      config=AttentionConfig(head_dim=64, causal=True))

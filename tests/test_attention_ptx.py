@@ -10,14 +10,10 @@ import shutil
 
 import pytest
 
-from cutetma import kernels
-from cutetma.kernels.attention_sm90 import (
-    BEST_SCHEDULE,
-    PV_WAIT,
-    AttentionConfig,
-    attention_ref,
-    pairwise,
-)
+from cutetma.kernels import build
+from cutetma.kernels.attention import BEST_SCHEDULE, PV_WAIT, AttentionConfig
+from cutetma.kernels.attention.softmax import pairwise
+from cutetma.reference import attention_ref
 
 
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
@@ -25,7 +21,7 @@ from cutetma.kernels.attention_sm90 import (
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiles_with_tma_and_wgmma(dtype, head_dim, causal):
     cfg = AttentionConfig(head_dim=head_dim, causal=causal)
-    ptx = kernels.compile_attention(cfg, dtype).ptx
+    ptx = build.compile_attention(cfg, dtype).ptx
     suffix = "f16.f16" if dtype == "Float16" else "bf16.bf16"
     # Q K^T: N = block_n; P V: N = head_dim; both in k16 steps
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.{suffix}" in ptx
@@ -42,8 +38,8 @@ def test_compiles_with_tma_and_wgmma(dtype, head_dim, causal):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cp_async_variant_swaps_only_the_producer(head_dim):
-    tma = kernels.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
-    cp = kernels.compile_attention(AttentionConfig(head_dim=head_dim, load="cp_async")).ptx
+    tma = build.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
+    cp = build.compile_attention(AttentionConfig(head_dim=head_dim, load="cp_async")).ptx
     assert "cp.async.cg.shared.global" in cp and "cp.async.bulk.tensor" not in cp
     assert "cp.async.mbarrier.arrive.noinc" in cp
     # the consumers are the same code: the same WGMMAs and exponentials
@@ -56,7 +52,7 @@ def test_schedule_shows_in_the_ptx(schedule):
     """serial waits for every GEMM (wait_group 0 only); overlap keeps P V in flight during
     the softmax (wait_group 1); pingpong adds the two warpgroups' turn barriers: named
     barriers over both consumer warpgroups (256 threads)."""
-    ptx = kernels.compile_attention(AttentionConfig(schedule=schedule)).ptx
+    ptx = build.compile_attention(AttentionConfig(schedule=schedule)).ptx
     pv = 128 // 16
     overlapped = "wgmma.wait_group.sync.aligned \t1;" in ptx
     turns = re.findall(r"bar\.(?:arrive|sync)\s+%r\d+, 256;", ptx)
@@ -74,7 +70,7 @@ def test_three_consumer_warpgroups_for_head_dim_64():
     cfg = AttentionConfig(head_dim=64, block_m=192, block_n=96, schedule="pingpong")
     assert (cfg.block_m, cfg.block_n, cfg.consumers, cfg.threads) == (192, 96, 3, 512)
     assert AttentionConfig(head_dim=256).stages == 2 and AttentionConfig().stages == 3
-    ptx = kernels.compile_attention(cfg).ptx
+    ptx = build.compile_attention(cfg).ptx
     assert ".reqntid 512, 1, 1" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16" in ptx
     turns = set(re.findall(r"bar\.(?:arrive|sync)\s+(%r\d+), 256;", ptx))
@@ -88,7 +84,7 @@ def test_two_q_buffers_trade_a_kv_stage(load):
     one = AttentionConfig(head_dim=128, load=load)
     two = AttentionConfig(head_dim=128, load=load, q_stages=2)
     assert (one.stages, two.stages) == (3, 2)
-    inits = {c.q_stages: kernels.compile_attention(c).ptx.count("mbarrier.init")
+    inits = {c.q_stages: build.compile_attention(c).ptx.count("mbarrier.init")
              for c in (one, two)}
     assert inits == {1: 2 + 2 * 2 * 3, 2: 2 * 2 + 2 * 2 * 2}  # Q pairs + K and V rings
     with pytest.raises(ValueError, match="stages="):
@@ -100,7 +96,7 @@ def test_register_budgets_fit_the_register_file():
     gave the CTA are there to take: 64K / threads per thread, rounded down to 8 (168 for 384
     threads, so 128 x 504, not 64K). Budgets over that hang the consumers (48 / 232 did, on
     the H200), so every (load, consumer warpgroups) pair must fit, in steps of 8 in [24, 256]."""
-    from cutetma.kernels.attention_sm90 import REGISTERS, WARPGROUP
+    from cutetma.kernels.attention import REGISTERS, WARPGROUP
 
     for (load, consumers), (producer, consumer) in REGISTERS.items():
         warpgroups = 1 + consumers
@@ -115,20 +111,18 @@ def test_register_budgets_fit_the_register_file():
 def test_default_schedule_is_the_measured_best():
     assert AttentionConfig(head_dim=128).schedule == "overlap"
     assert AttentionConfig(head_dim=128, causal=True).schedule == "overlap"
-    # d = 64, both dtypes since the softmax's tree reductions (bf16 had been serial): pingpong
-    # non-causal, overlap causal
+    # d = 64: pingpong non-causal, overlap causal (the same for both dtypes)
     assert AttentionConfig(head_dim=64, causal=True).schedule == "overlap"
-    assert AttentionConfig(head_dim=64, dtype="bfloat16").schedule == "pingpong"
-    # d = 256: FlashAttention-3's 80-key stages with overlap, and (since session 10) causal too,
-    # both with the wait for P V after the softmax; d = 64 and 128 wait before it
+    assert AttentionConfig(head_dim=64).schedule == "pingpong"
+    # d = 256: FlashAttention-3's 80-key stages with overlap, causal too, both with the wait
+    # for P V after the softmax; d = 64 and 128 wait before it
     assert (AttentionConfig(head_dim=256).schedule, AttentionConfig(head_dim=256).block_n) == (
         "overlap", 80)
-    causal_256 = AttentionConfig(head_dim=256, causal=True, dtype="bfloat16")
+    causal_256 = AttentionConfig(head_dim=256, causal=True)
     assert (causal_256.schedule, causal_256.block_n, causal_256.pv_wait) == (
         "overlap", 80, "late")
     assert AttentionConfig(head_dim=128).pv_wait == AttentionConfig(head_dim=64).pv_wait == "early"
-    assert {k[:2] for k in BEST_SCHEDULE} == {(d, c) for d in (64, 128, 256)
-                                             for c in (False, True)}
+    assert set(BEST_SCHEDULE) == {(d, c) for d in (64, 128, 256) for c in (False, True)}
     assert AttentionConfig(head_dim=64, schedule="serial").schedule == "serial"
     # two Q buffers where they measured faster (d = 64 non-causal), one elsewhere
     assert AttentionConfig(head_dim=64).q_stages == 2
@@ -142,13 +136,7 @@ def test_default_schedule_is_the_measured_best():
     (dict(schedule="fast"), "schedule"), (dict(block_n=72), "multiple of 16"),
     (dict(head_dim=128, block_m=192), "only for head_dim 64"),
     (dict(head_dim=256, block_n=80, stages=3), "stages=3: 2 .. 2"),
-    (dict(q_stages=3), "q_stages"), (dict(dtype="float32"), "dtype"),
-    (dict(cluster=4), "cluster=4: 1 or 2"), (dict(cluster=2, causal=True), "causal=False"),
-    (dict(cluster=2, load="cp_async"), "cp.async cannot multicast"),
-    (dict(cluster=2, persistent=False), "persistent=True"),
-    (dict(l2_hints=True, load="cp_async"), "TMA loads only"),
-    (dict(pv_wait="never"), "pv_wait"),
-    (dict(exp2_fma=17), "exp2_fma"),
+    (dict(q_stages=3), "q_stages"), (dict(pv_wait="never"), "pv_wait"),
 ])
 def test_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -187,15 +175,15 @@ def test_reference_causal_is_bottom_right_aligned():
 def test_entry_point_validates_before_anything_runs():
     import torch
 
-    from cutetma import ops
+    import cutetma
 
     q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="CUDA"):
-        ops.attention(q, q, q)
+        cutetma.attention(q, q, q)
     with pytest.raises(TypeError, match="float16 or bfloat16"):
-        ops.attention(q.float(), q.float(), q.float())
+        cutetma.attention(q.float(), q.float(), q.float())
     with pytest.raises(ValueError, match=r"\(batch, seqlen, heads, head_dim\)"):
-        ops.attention(q[0], q[0], q[0])
+        cutetma.attention(q[0], q[0], q[0])
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
@@ -204,7 +192,7 @@ def test_compiles_for_tensors_as_the_torch_face_passes_them(load):
     kernel restores the 16-byte facts (a per-head slice would otherwise look 2-byte aligned
     and 16-byte cp.async would be refused)."""
     cfg = AttentionConfig(head_dim=128, load=load)
-    ptx = kernels.compile_attention(cfg, as_from_dlpack=True).ptx
+    ptx = build.compile_attention(cfg, as_from_dlpack=True).ptx
     assert "wgmma.mma_async" in ptx
 
 
@@ -220,15 +208,14 @@ def test_accumulator_layout_is_what_the_kernel_assumes(n):
 
     cutlass, cute = dsl.cutlass()
     import cutlass.utils.hopper_helpers as sm90
-    from cutlass.cute.nvgpu import warpgroup
 
-    def build():
-        k = warpgroup.OperandMajorMode.K
+    def tiled_mma_layout():
+        k = cute.nvgpu.OperandMajorMode.K
         mma = sm90.make_trivial_tiled_mma(cutlass.Float16, cutlass.Float16, k, k,
                                           cutlass.Float32, (1, 1, 1), tiler_mn=(64, n))
         return layouts._spec_from_cute(mma.tv_layout_C)
 
-    tv = dsl.on_host(build)
+    tv = dsl.on_host(tiled_mma_layout)
     t, v = np.meshgrid(np.arange(128), np.arange(64 * n // 128), indexing="ij")
     idx = tv.outer((t, v))  # offset in the column-major (64, n) tile
     row, col = idx % 64, idx // 64
@@ -243,7 +230,7 @@ def test_epilogue_quad_transpose_gives_each_thread_8_contiguous_columns():
     b and takes into b). Before: word q of lane t is its pair of 8-column group 4 k + q,
     columns 8 (4 k + q) + 2 t (the accumulator layout above). After: lane t must hold
     columns 32 k + 8 t + 2 q in word q, the 8 contiguous columns of chunk 4 k + t it stores."""
-    from cutetma.kernels.attention_sm90 import QUAD_TRANSPOSE_STEPS
+    from cutetma.kernels.attention.epilogue import QUAD_TRANSPOSE_STEPS
 
     k = 3  # any 32-column block
     words = [[8 * (4 * k + q) + 2 * t for q in range(4)] for t in range(4)]  # first column
@@ -263,7 +250,7 @@ def test_epilogue_quad_transpose_gives_each_thread_8_contiguous_columns():
 def test_epilogue_stores_16_bytes(head_dim):
     """O leaves by one 16-byte store per 8 columns of each of a thread's two rows (d / 32
     chunks per row); the only 4-byte global stores are the LSE's, one per row."""
-    ptx = kernels.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
+    ptx = build.compile_attention(AttentionConfig(head_dim=head_dim)).ptx
     assert ptx.count("st.global.v4.b32") == 2 * head_dim // 32
     assert len(re.findall(r"st\.global\.(?:b32|f32)\b", ptx)) == 2
 
@@ -280,14 +267,14 @@ def test_p_in_registers_is_the_a_operand():
     import cutlass.utils.hopper_helpers as sm90
     from cutlass.cute.nvgpu import warpgroup
 
-    def build():
+    def tiled_mma_layout():
         mma = sm90.make_trivial_tiled_mma(
-            cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.MN, cutlass.Float32, (1, 1, 1), tiler_mn=(64, 128),
+            cutlass.Float16, cutlass.Float16, cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN, cutlass.Float32, (1, 1, 1), tiler_mn=(64, 128),
             a_source=warpgroup.OperandSource.RMEM)
         return layouts._spec_from_cute(mma.tv_layout_A)
 
-    tv = dsl.on_host(build)
+    tv = dsl.on_host(tiled_mma_layout)
     t, j = np.meshgrid(np.arange(128), np.arange(8), indexing="ij")
     idx = tv.outer((t, j))  # offset in the column-major (64, 16) A slice
     row, col = idx % 64, idx // 64
@@ -319,13 +306,13 @@ def test_benchmark_summary_and_replot(tmp_path):
     import attention as bench
 
     rows = [dict(dtype=dt, d=d, s=s, causal=c, cudnn=600.0, fa2=300.0, tma=540.0 + s / 1024,
-                 cp_async=500.0, tma_serial=480.0)
+                 cp_async=500.0, tma_overlap=480.0)
             for dt in ("float16", "bfloat16") for d in (64, 128) for s in (1024, 4096)
             for c in (False, True)]
     summary = bench.summarize(rows)
     assert summary["d128_s>=2k_min_tma_over_cudnn"] == pytest.approx(544 / 600)
     assert summary["cells_tma_beats_cp_async"] == summary["cells_timed_both"] == len(rows)
-    assert summary["median_default_over_serial"] > 1
+    assert summary["median_default_over_overlap"] > 1
     path = tmp_path / "attention.json"
     path.write_text(json.dumps({"meta": {}, "rows": rows}))
     assert bench.main(["--replot", str(path)]) == 0
@@ -348,14 +335,14 @@ def test_final_rounds_take_medians_and_keep_the_single_pass():
         order.append(fn)
         return next(times[fn])
 
-    timed = {"cudnn": ("cudnn", [2.0]), "tma": ("tma", [1.0]), "tma_serial": ("x", [9.0])}
-    row = {"cudnn": 1e3, "tma": 2e3, "tma_serial": 5.0}
+    timed = {"cudnn": ("cudnn", [2.0]), "tma": ("tma", [1.0]), "tma_overlap": ("x", [9.0])}
+    row = {"cudnn": 1e3, "tma": 2e3, "tma_overlap": 5.0}
     bench.final_rounds(row, timed, ["cudnn", "tma"], 2, flops=1e12, timer=timer)
     assert order == ["cudnn", "tma", "cudnn", "tma"]
     assert row["cudnn"] == pytest.approx(1e12 / 2.0 / 1e9)  # median of 2, 1, 3 ms
     assert row["tma"] == pytest.approx(1e12 / 1.0 / 1e9)  # median of 1, 2, 0.5 ms
     assert row["selection"] == {"cudnn": 1e3, "tma": 2e3} and row["rounds"] == 3
-    assert row["tma_serial"] == 5.0  # timed once, left alone
+    assert row["tma_overlap"] == 5.0  # timed once, left alone
     # the ablations are compared with the default's single pass, timed beside them
     assert bench.single_pass(row, "tma") == 2e3
     lone = {"tma": 1.0}
@@ -365,7 +352,7 @@ def test_final_rounds_take_medians_and_keep_the_single_pass():
 
 def test_sass_profile_counts_executed_instructions_by_opcode():
     """``attention_profile.py --source``'s summary: executed warp instructions summed by SASS
-    opcode, predicate and modifiers dropped (how session 10 saw d = 256 run every exp2 twice)."""
+    opcode, predicate and modifiers dropped (how d = 256 was seen to run every exp2 twice)."""
     import sys
     from pathlib import Path
 
@@ -396,23 +383,18 @@ def test_benchmark_columns():
     def names(*args):
         return [v[0] for v in bench.variants(*args)]
 
-    assert names("bfloat16", 128, False) == ["tma", "cp_async", "tma_one_cta_per_tile"]
+    assert names("bfloat16", 128, False) == ["tma", "cp_async"]
     full = names("float16", 128, False)
-    assert {"tma_serial", "tma_overlap", "tma_pingpong", "tma_other_q"} <= set(full)
+    assert {"tma_overlap", "tma_pingpong", "tma_other_q"} <= set(full)
     assert "tma_two_q" not in full and "tma_two_kv_stages" not in full
     assert "tma_other_q" not in names("float16", 256, False)
     other = {v[0]: v[2] for v in bench.variants("float16", 64, False)}["tma_other_q"]
     assert other == {"q_stages": 1}  # d = 64 non-causal has two by default
     assert names("bfloat16", 128, True, ["tma", "tma_two_kv_stages"]) == [
         "tma", "tma_two_kv_stages"]
-    # K/V multicast: an fp16 non-causal ablation (its GPU tests passed 2026-12-01), never causal
-    assert "tma_cluster2" in full and "tma_cluster2" not in names("float16", 128, True)
-    assert "tma_cluster2" not in names("bfloat16", 128, False)
-    assert names("float16", 256, False, ["tma_cluster2"]) == ["tma_cluster2"]
     # the wait for P V on the default's other side of the softmax (PV_WAIT)
     flip = {v[0]: v[2] for v in bench.variants("float16", 256, True)}["tma_other_pv_wait"]
     assert flip == {"pv_wait": "early"} and "tma_other_pv_wait" in full
-    assert names("float16", 256, True, ["tma_cluster2"]) == []
     # --custom: any AttentionConfig fields as a column of its own, beside the chosen ones
     custom = bench.parse_custom("n80o=block_n:80,schedule:overlap")
     assert custom == ("n80o", {"block_n": 80, "schedule": "overlap"})
@@ -421,25 +403,23 @@ def test_benchmark_columns():
 
 
 def _walk(cfg, seqlen_q, heads, batch, grid):
-    """The kernel's own work-item functions, run as plain Python: each CTA's work items under
-    the persistent round robin (or one item per CTA), an item being its (m_block, head,
-    batch) tiles in the order the CTA runs them. (Inside ``dsl.on_host``: with plain ints the
-    arithmetic is Python's, but the DSL wants its context around it.)"""
+    """The kernel's own work-item functions (``scheduler``), run as plain Python: each CTA's
+    work items under the persistent round robin (or one item per CTA), an item being its
+    (m_block, head, batch) tiles in the order the CTA runs them. (Inside ``dsl.on_host``: with
+    plain ints the arithmetic is Python's, but the DSL wants its context around it.)"""
     from cutetma import dsl
-    from cutetma.kernels.attention_sm90 import FlashAttentionSm90 as F
+    from cutetma.kernels.attention import scheduler
 
-    att = F(cfg)
-
-    def build():
-        items = F._work_items.__wrapped__(att, seqlen_q, heads, batch)
+    def walk():
+        items = scheduler.work_items.__wrapped__(cfg, seqlen_q, heads, batch)
         per_cta = [[] for _ in range(min(grid, items) if cfg.persistent else items)]
         for item in range(items):
             per_cta[item % len(per_cta)].append(
-                [F._tile_coords.__wrapped__(att, item, half, seqlen_q, heads)
-                 for half in range(F._item_tiles.__wrapped__(att, item, seqlen_q))])
+                [scheduler.tile_coords.__wrapped__(cfg, item, half, seqlen_q, heads)
+                 for half in range(scheduler.item_tiles.__wrapped__(cfg, item, seqlen_q))])
         return per_cta
 
-    return dsl.on_host(build)
+    return dsl.on_host(walk)
 
 
 def _key_block_rows(cta):
@@ -494,16 +474,14 @@ def test_default_configs_keep_wgmma_async_without_spills(dtype):
     ("wgmma.mma_async instructions are serialized due to insufficient register resources")
     and no spills. A strided persistent loop once cost bf16, d = 128 exactly this: 0.67x of
     its own fp16 speed on the H200, with nothing else wrong."""
-    for (head_dim, causal, chosen_for) in BEST_SCHEDULE:
-        if chosen_for != dtype.lower():
-            continue
-        cfg = AttentionConfig(head_dim=head_dim, causal=causal, dtype=chosen_for)
-        log = kernels.ptxas_log(kernels.compile_attention(cfg, dtype, as_from_dlpack=True).ptx)
+    for head_dim, causal in BEST_SCHEDULE:
+        cfg = AttentionConfig(head_dim=head_dim, causal=causal)
+        log = build.ptxas_log(build.compile_attention(cfg, dtype, as_from_dlpack=True).ptx)
         assert "C7512" not in log, (cfg, log)
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), (cfg, log)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None or kernels.find_nvdisasm() is None,
+@pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
                     reason="needs ptxas and nvdisasm (the test extra's nvidia-cuda-nvdisasm)")
 @pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
 def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
@@ -511,16 +489,15 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
     d = 128 with the other wait: with pv_wait "late" no wait for P V lies between the wait for
     S and the softmax's exp2s (they run under P V); with "early" one does. And one exp2 per
     score (block_n / 2 per thread, plus the two rescale factors): ptxas wrote every d = 256
-    exp2 twice while the wait sat in the softmax's block. Up to session 9 the source said
-    overlap and the SASS ran the softmax after P V at every head dim."""
-    configs = [AttentionConfig(head_dim=d, causal=causal, dtype=chosen_for)
-               for (d, causal, chosen_for), schedule in BEST_SCHEDULE.items()
-               if chosen_for == dtype.lower() and schedule != "serial"]
-    configs.append(AttentionConfig(head_dim=128, dtype=dtype.lower(),
+    exp2 twice while the wait sat in the softmax's block; and a wait for P V written before
+    the softmax once ran the softmax after P V at every head dim."""
+    configs = [AttentionConfig(head_dim=d, causal=causal)
+               for (d, causal), schedule in BEST_SCHEDULE.items() if schedule != "serial"]
+    configs.append(AttentionConfig(head_dim=128,
                                    pv_wait={"early": "late", "late": "early"}[PV_WAIT[128]]))
     for cfg in configs:
-        loop = kernels.innermost_loop(
-            kernels.sass(kernels.compile_attention(cfg, dtype, as_from_dlpack=True).ptx),
+        loop = build.innermost_loop(
+            build.sass(build.compile_attention(cfg, dtype, as_from_dlpack=True).ptx),
             ("tnspB", "MUFU.EX2"))
         wait_s = next(i for i, op in enumerate(loop) if op.startswith(
             "WARPGROUP.DEPBAR.LE gsb0, 0x1"))
@@ -531,54 +508,6 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
         assert exps[0] > wait_s, cfg
         assert bool(before_softmax) == (cfg.pv_wait == "early"), (cfg, waits_pv, wait_s, exps)
         assert len(exps) == cfg.block_n // 2 + 2, (cfg, len(exps))
-
-
-def test_exp2_on_fma_is_exp2_within_fp16s_half_ulp():
-    """FlashAttention-4's exp2 without MUFU, step by step in fp32 as its PTX does it (clamp,
-    round by adding 1.5 * 2^23, the cubic, n added to the exponent bits): within 1.02e-4 of
-    2^x relative for x >= -126 (fp16's half ulp is 2.4e-4), exactly 0 at -127 and below
-    (masked scores are -inf), never negative, never NaN. The PTX carries these constants."""
-    import numpy as np
-
-    from cutetma.kernels.attention_sm90 import (
-        EXP2_CUBIC,
-        EXP2_FLOOR,
-        EXP2_ROUNDER,
-        _f32_hex,
-        exp2_on_fma_ptx,
-    )
-
-    f32 = np.float32
-    x = np.concatenate([np.linspace(-126, 0, 400_001, dtype=f32),
-                        np.array([-127, -150, -1e30, -np.inf, -0.0], dtype=f32)])
-    with np.errstate(invalid="ignore", over="ignore"):
-        xc = np.maximum(x, f32(EXP2_FLOOR))
-        t = xc + f32(EXP2_ROUNDER)
-        frac = xc - (t - f32(EXP2_ROUNDER))
-        c1, c2, c3 = (f32(c) for c in EXP2_CUBIC)
-        poly = (frac * c3 + c2) * frac
-        poly = (poly + c1) * frac + f32(1)
-        bits = poly.view(np.int32) + (t.view(np.int32) << 23)
-    got = bits.view(f32).astype(np.float64)
-    want = np.exp2(x.astype(np.float64))
-    normal = x >= -126
-    assert np.all(np.isfinite(got)) and np.all(got >= 0)
-    assert np.max(np.abs(got[normal] / want[normal] - 1)) < 1.02e-4
-    assert np.all(got[x <= -127] == 0)
-    ptx = exp2_on_fma_ptx()
-    for constant in (*EXP2_CUBIC, EXP2_ROUNDER, EXP2_FLOOR):
-        assert f"0f{_f32_hex(constant)}" in ptx
-
-
-def test_exp2_fma_moves_every_nth_exp2_off_mufu():
-    """``exp2_fma=4``: a quarter of the softmax's exp2s leave ``ex2.approx`` for the cubic."""
-    base = kernels.compile_attention(AttentionConfig(head_dim=64)).ptx
-    ptx = kernels.compile_attention(AttentionConfig(head_dim=64, exp2_fma=4)).ptx
-    assert "0f4B400000" in ptx and "0f4B400000" not in base
-    assert ptx.count("ex2.approx") < base.count("ex2.approx")
-    if shutil.which("ptxas"):
-        log = kernels.ptxas_log(ptx)
-        assert "C7512" not in log and re.search(r"\b0 bytes spill stores", log), log
 
 
 def test_pairwise_reduces_as_a_balanced_tree():
@@ -603,89 +532,12 @@ def test_both_dtypes_compile_to_one_loop_shape():
     same instructions in the same order, bar the types of the mask's selects. (Left to the
     compiler, bf16's conversion sank to the loop's top and fp16's did not: two loop shapes
     from one source, 96 conversions against 64, and fp16 ran 4-10% behind bf16.)"""
-    cfg = {dt: AttentionConfig(head_dim=128, dtype=dt) for dt in ("float16", "bfloat16")}
-    fp16 = _opcodes(kernels.compile_attention(cfg["float16"], "Float16", True).ptx)
-    bf16 = _opcodes(kernels.compile_attention(cfg["bfloat16"], "BFloat16", True).ptx)
+    cfg = AttentionConfig(head_dim=128)
+    fp16 = _opcodes(build.compile_attention(cfg, "Float16", True).ptx)
+    bf16 = _opcodes(build.compile_attention(cfg, "BFloat16", True).ptx)
     assert len(fp16) == len(bf16)
     differ = {(a, b) for a, b in zip(fp16, bf16, strict=True) if a != b.replace("bf16", "f16")}
     assert differ <= {("selp.b32", "selp.f32")}, differ
-
-
-@pytest.mark.parametrize("m_blocks", [1, 2, 5, 33])
-def test_cluster_items_pair_neighbouring_query_blocks(m_blocks):
-    """cluster=2: an item is query blocks 2 i (rank 0) and 2 i + 1 (rank 1) of one head, so
-    the two CTAs read the same K / V blocks; every tile once, and with an odd number of blocks
-    rank 1's last block of each head lies past the end (computed on zeros, never stored)."""
-    from cutetma import dsl
-    from cutetma.kernels.attention_sm90 import FlashAttentionSm90 as F
-
-    att = F(AttentionConfig(head_dim=128, cluster=2))
-    heads, batch = 3, 2
-    seqlen_q = m_blocks * 128 - 5
-
-    def walk():
-        items = F._work_items.__wrapped__(att, seqlen_q, heads, batch)
-        return [[F._tile_coords.__wrapped__(att, item, 0, seqlen_q, heads, rank)
-                 for item in range(items)] for rank in (0, 1)]
-
-    first, second = dsl.on_host(walk)
-    for (m0, h0, b0), (m1, h1, b1) in zip(first, second, strict=True):
-        assert (m1, h1, b1) == (m0 + 1, h0, b0) and m0 % 2 == 0
-    every = sorted(t for t in first + second if t[0] < m_blocks)
-    assert every == sorted((m, h, b) for m in range(m_blocks) for h in range(heads)
-                           for b in range(batch))
-    past = [t for t in second if t[0] >= m_blocks]
-    assert len(past) == (m_blocks % 2) * heads * batch and all(m == m_blocks for m, _, _ in past)
-
-
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_cluster_multicasts_k_and_v_only(head_dim):
-    """cluster=2: K and V go out as multicast bulk copies (each CTA its half of the box), Q
-    stays a plain bulk copy, the consumers release stages in the other CTA too (remote
-    mbarrier arrives), and ptxas keeps the WGMMAs asynchronous without spills."""
-    plain = kernels.compile_attention(AttentionConfig(head_dim=head_dim), "Float16", True).ptx
-    cfg = AttentionConfig(head_dim=head_dim, cluster=2)
-    ptx = kernels.compile_attention(cfg, "Float16", True).ptx
-    def loads(text):  # TMA loads, into this CTA's (shared::cta) or the cluster's memory
-        return len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global", text))
-
-    bulk = loads(ptx)
-    multicast = ptx.count(".multicast::cluster")
-    assert "multicast::cluster" not in plain
-    # the same copies as without a cluster (box halves are still one copy per swizzle span);
-    # all but Q's are multicast
-    assert bulk == loads(plain)
-    q_copies = head_dim // 64  # one per 64-column (128-byte) span of Q's box
-    assert multicast == bulk - q_copies
-    assert re.search(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx) or (
-        "mapa" in ptx), "no remote release of a stage"
-    if shutil.which("ptxas"):
-        log = kernels.ptxas_log(ptx)
-        assert "C7512" not in log
-        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
-
-
-def _copy_policies(ptx: str) -> list[int]:
-    """The L2 cache-policy operand of every bulk tensor copy, as the constant moved into it."""
-    constants = dict(re.findall(r"mov\.b64\s+(%rd\d+), (\d+);", ptx))
-    operands = re.findall(r"cp\.async\.bulk\.tensor\.[^;]*\.L2::cache_hint[^;]*, (%rd\d+);",
-                          ptx)
-    return [int(constants[op]) for op in operands]
-
-
-def test_l2_hints_mark_q_evict_first_and_kv_evict_last():
-    """l2_hints: Q's copies carry evict_first, K's and V's evict_last (FlashAttention-3's
-    policies); without it every copy carries the DSL's default operand, 0."""
-    from cutetma.copy import tma
-
-    plain = kernels.compile_attention(AttentionConfig(head_dim=128), "Float16", True).ptx
-    hinted = kernels.compile_attention(AttentionConfig(head_dim=128, l2_hints=True),
-                                       "Float16", True).ptx
-    assert set(_copy_policies(plain)) == {0}
-    policies = _copy_policies(hinted)
-    assert len(policies) == len(_copy_policies(plain))
-    assert policies.count(tma.EVICT_FIRST) == 128 // 64  # Q: one copy per 128-byte span
-    assert policies.count(tma.EVICT_LAST) == len(policies) - 128 // 64
 
 
 @pytest.mark.parametrize("cfg", [AttentionConfig(head_dim=128),
@@ -702,9 +554,9 @@ def test_pointer_entry_compiles_the_same_kernel(cfg):
     cutlass, cute = dsl.cutlass()
     from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-    from cutetma.kernels.attention_sm90 import FlashAttentionSm90
+    from cutetma.kernels.attention import FlashAttentionSm90
 
-    by_tensors = kernels.compile_attention(cfg, as_from_dlpack=True)
+    by_tensors = build.compile_attention(cfg, as_from_dlpack=True)
 
     def pointer(dtype, align=16):
         return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
@@ -723,21 +575,21 @@ def test_pointer_entry_compiles_the_same_kernel(cfg):
 
 
 def test_launch_args_match_the_dsl():
-    """``ops.AttentionLaunch`` hands the compiled program the same argument list the DSL's
+    """``runtime.AttentionLaunch`` hands the compiled program the same argument list the DSL's
     own call builds: the address of each runtime value, checked by value behind every
-    address, for the ``ops._attention_launch`` that ``cutetma.attention`` compiles."""
+    address, for the ``runtime.attention_launch`` that ``cutetma.attention`` compiles."""
     import ctypes
 
     import torch
     from cuda.bindings import driver as cuda
     from cutlass.cute.runtime import make_ptr
 
-    from cutetma import dsl, ops
+    from cutetma import dsl, runtime
 
     cutlass, cute = dsl.cutlass()
-    cfg = AttentionConfig(head_dim=128, dtype="bfloat16")
-    launch = ops._attention_launch(torch.bfloat16, cfg)
-    assert ops._attention_launch(torch.bfloat16, cfg) is launch
+    cfg = AttentionConfig(head_dim=128)
+    launch = runtime.attention_launch(torch.bfloat16, cfg)
+    assert runtime.attention_launch(torch.bfloat16, cfg) is launch
     bases = [0x7F0000000000 + i * 0x100000 for i in range(5)]
     big = 1 << 33  # strides are 64-bit: a 32-bit slot anywhere would lose this
     sizes = (2, 1000, 4097, 16, 4, 128)
@@ -753,12 +605,12 @@ def test_launch_args_match_the_dsl():
     theirs, _ = launch.compiled.generate_execution_args(
         *keep, *sizes, *strides, cutlass.Float32(0.125), cutlass.Int32(132),
         cuda.CUstream(0xABC))
-    assert len(ours) == len(theirs) == len(ops.AttentionLaunch.SLOTS) == 26
+    assert len(ours) == len(theirs) == len(runtime.AttentionLaunch.SLOTS) == 26
 
     def address(p):
         return p.value if isinstance(p, ctypes.c_void_p) else int(p)
 
     for i, (mine, dsl_arg) in enumerate(zip(ours, theirs, strict=True)):
-        kind = ops.AttentionLaunch.SLOTS[i]
+        kind = runtime.AttentionLaunch.SLOTS[i]
         assert kind.from_address(address(mine)).value == values[i], i
         assert kind.from_address(address(dsl_arg)).value == values[i], i

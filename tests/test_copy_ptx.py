@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from cutetma import kernels
+from cutetma.kernels import build
 from cutetma.kernels.tile_copy import ProbeConfig
 
 BULK_LOAD = "cp.async.bulk.tensor"
@@ -14,7 +14,7 @@ CP_ASYNC = "cp.async.cg.shared.global"
 
 
 def ptx(cfg):
-    return kernels.compile_probe(cfg).ptx
+    return build.compile_probe(cfg).ptx
 
 
 @pytest.mark.parametrize("mode", ["none", "32B", "64B", "128B"])
@@ -62,7 +62,7 @@ def test_dsm_broadcast():
 
 
 def test_tma_store_commit_and_wait():
-    text = kernels.compile_round_trip(2, "128B", 64, 64).ptx
+    text = build.compile_round_trip(2, "128B", 64, 64).ptx
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in text
     assert "cp.async.bulk.commit_group" in text
     assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", text)

@@ -1,6 +1,10 @@
 """The GEMM on the H200 against an fp32 reference, flash-attention's rule: the kernel's max
 error is at most twice torch's same-dtype error plus the output's own rounding. Outputs are
-poisoned with NaN first; shapes include sizes that are not multiples of any tile."""
+poisoned with NaN first; shapes include sizes that are not multiples of any tile.
+
+A variant (``tile``, ``cluster``, ``schedule``, ``split_k``, ...) runs as
+``cutetma.gemm(a, b, config=select_gemm_config(m, n, k, **variant))`` (``gemm`` below); no
+options, or ``load`` alone, is the library's own choice, its tile order placed on the card."""
 
 import itertools
 import random
@@ -45,15 +49,45 @@ def _shapes(seed: int, count: int = 10):
 def check(a, b, out, trans_b=True):
     import torch
 
-    from cutetma import ops
+    from cutetma.reference import gemm_ref
 
-    ref = ops.gemm_ref(a, b, trans_b)
+    ref = gemm_ref(a, b, trans_b)
     same = (a @ (b.T if trans_b else b)).float()
     assert not torch.isnan(out).any(), "NaN in the output (unwritten or wrong)"
     rounding = (ref.to(out.dtype).float() - ref).abs().max().item()
     err = (out.float() - ref).abs().max().item()
     bound = 2 * (same - ref).abs().max().item() + rounding + 1e-6
     assert err <= bound, f"max error {err:.3g} > bound {bound:.3g} for {tuple(out.shape)}"
+
+
+def b_k_major(b, trans_b: bool = True) -> bool:
+    """Whether ``cutetma.gemm`` reads B K-major: (N, K) with K contiguous, or an N-major B
+    (given as (K, N)) whose rows or base break TMA's 16-byte rule, which it copies into an
+    aligned (N, K) buffer first."""
+    b_nk = b if trans_b else b.T
+    if b_nk.stride(1) == 1:
+        return True
+    aligned = b_nk.stride(1) * b_nk.element_size() % 16 == 0 and b_nk.data_ptr() % 16 == 0
+    return not (b_nk.stride(0) == 1 and aligned)
+
+
+def gemm(a, b, *, trans_b=True, out=None, out_dtype=None, pdl=False, config=None, **options):
+    """``cutetma.gemm`` with a variant's options (those given as None dropped): none, or
+    ``load`` alone, is the library's own choice; else ``config=select_gemm_config(m, n, k,
+    **options)`` for this card's SMs and the B ``cutetma.gemm`` reads (the configuration
+    then runs as it is, in the scheduler's default tile order)."""
+    import cutetma
+    from cutetma import runtime, select_gemm_config
+
+    options = {key: value for key, value in options.items() if value is not None}
+    if config is None and not set(options) <= {"load"}:
+        m, k = a.shape
+        n = b.shape[0] if trans_b else b.shape[1]
+        config = select_gemm_config(m, n, k, b_k_major=b_k_major(b, trans_b),
+                                    sm_count=runtime.sm_count(a.device.index or 0), **options)
+        options = {}
+    return cutetma.gemm(a, b, trans_b=trans_b, out=out, out_dtype=out_dtype, pdl=pdl,
+                        config=config, **options)
 
 
 def _named(options: dict) -> str:
@@ -87,14 +121,12 @@ def _exact_reference():
 def test_random_shapes(variant, dtype):
     import torch
 
-    from cutetma import ops
-
     t = getattr(torch, dtype)
     for m, n, k in _shapes(sum(map(ord, str(variant) + dtype))) + PAPER[:2]:
         a = torch.randn(m, k, device="cuda", dtype=t)
         b = torch.randn(n, k, device="cuda", dtype=t)
         out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda", dtype=t)[:, :n]
-        ops.gemm(a, b, out=out, **variant)
+        gemm(a, b, out=out, **variant)
         check(a, b, out)
 
 
@@ -104,12 +136,10 @@ def test_random_shapes(variant, dtype):
 def test_b_as_k_by_n_and_out_dtypes(load, out_dtype, tile):
     import torch
 
-    from cutetma import ops
-
     for m, n, k in [(1000, 129, 4097), (129, 1000, 64), (4097, 256, 512)]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        out = ops.gemm(a, b, trans_b=False, load=load, out_dtype=getattr(torch, out_dtype),
+        out = gemm(a, b, trans_b=False, load=load, out_dtype=getattr(torch, out_dtype),
                        tile=tile)
         assert out.shape == (m, n)
         check(a, b, out, trans_b=False)
@@ -119,13 +149,11 @@ def test_b_as_k_by_n_and_out_dtypes(load, out_dtype, tile):
 def test_paper_shapes_all_mechanisms(mnk):
     import torch
 
-    from cutetma import ops
-
     m, n, k = mnk
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
     for variant in VARIANTS:
-        check(a, b, ops.gemm(a, b, **variant))
+        check(a, b, gemm(a, b, **variant))
 
 
 def test_custom_op_and_stream():
@@ -145,20 +173,64 @@ def test_custom_op_and_stream():
 def test_errors_before_launch():
     import torch
 
-    from cutetma import ops
+    import cutetma
+    from cutetma import select_gemm_config
 
     a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(TypeError, match="one dtype"):
-        ops.gemm(a, a.to(torch.bfloat16))
+        cutetma.gemm(a, a.to(torch.bfloat16))
     with pytest.raises(ValueError, match="inner dimensions"):
-        ops.gemm(a, torch.randn(64, 32, device="cuda", dtype=torch.float16))
+        cutetma.gemm(a, torch.randn(64, 32, device="cuda", dtype=torch.float16))
     with pytest.raises(TypeError, match="float16 or bfloat16"):
-        ops.gemm(a.float(), a.float())
+        cutetma.gemm(a.float(), a.float())
     with pytest.raises(ValueError, match="stride rule|alignment rule"):
         odd = torch.randn(64, 60, device="cuda", dtype=torch.float16)  # rows of 120 bytes
-        ops.gemm(odd, odd, allow_copy=False)
+        cutetma.gemm(odd, odd, allow_copy=False)
     with pytest.raises(ValueError, match="CUDA"):
-        ops.gemm(a.cpu(), a.cpu())
+        cutetma.gemm(a.cpu(), a.cpu())
+    with pytest.raises(ValueError, match="cluster"):  # multicast is a cluster of the config
+        cutetma.gemm(a, a, load="tma_multicast")
+    with pytest.raises(TypeError, match="GemmConfig"):
+        cutetma.gemm(a, a, config=dict(tile=(128, 128)))
+    with pytest.raises(ValueError, match="multiple of 64"):  # 160-column WGMMAs, N-major B
+        b_kn = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+        cutetma.gemm(a, b_kn, trans_b=False,
+                     config=select_gemm_config(64, 4096, 64, tile=(128, 320)))
+    with pytest.raises(ValueError, match="workspace"):  # 64 GiB: refused, not allocated
+        big = torch.empty(16384, 64, device="cuda", dtype=torch.float16)
+        cutetma.gemm(big, big, config=select_gemm_config(16384, 16384, 64, tile=(128, 128),
+                                                         split_k=64))
+
+
+def test_deterministic_mode_refuses_the_atomic_sum():
+    """Under ``torch.use_deterministic_algorithms(True)`` ``cutetma.gemm`` refuses, when it
+    is called, a configuration whose K slices meet by atomic adds (their last bits depend on
+    the order they arrive in), as torch's own nondeterministic ops do, and warns with
+    ``warn_only``; its own choice there is the ordered sum, which runs."""
+    import torch
+
+    import cutetma
+    from cutetma import runtime, select_gemm_config
+
+    m, n, k = 16, 4096, 14336
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    atomic = select_gemm_config(m, n, k, split_k=4, split_sum="atomic",
+                                sm_count=runtime.sm_count(0))
+    check(a, b, cutetma.gemm(a, b, config=atomic))
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="split_sum='ordered'"):
+            cutetma.gemm(a, b, config=atomic)
+        check(a, b, cutetma.gemm(a, b))
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="not deterministic"):
+            out = cutetma.gemm(a, b, config=atomic)
+        check(a, b, out)
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
@@ -174,23 +246,21 @@ def test_k_cuts_relaunch_and_graph_replay(load, cut):
     too: a slot not zeroed by the last slice would add the previous launch's tile in."""
     import torch
 
-    from cutetma import ops
-
     shapes = [(1000, 1000, 4097), (512, 5120, 5120), (4097, 1000, 129), (256, 512, 5120)]
     for m, n, k in shapes * 2:
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(n, k, device="cuda", dtype=torch.float16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        ops.gemm(a, b, out=out, load=load, **cut)
+        gemm(a, b, out=out, load=load, **cut)
         check(a, b, out)
     m, n, k = 512, 5120, 5120
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ops.gemm(a, b, out=out, load=load, **cut)  # compile and allocate outside capture
+    gemm(a, b, out=out, load=load, **cut)  # compile and allocate outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out, load=load, **cut)
+        gemm(a, b, out=out, load=load, **cut)
     replay_and_check(graph, a, b, out, 3)
 
 
@@ -201,8 +271,6 @@ def test_store_under_mma_many_tiles_relaunch_and_graph_replay(tile):
     serially), eager launches and CUDA-graph replays on fresh data into poisoned outputs."""
     import torch
 
-    from cutetma import ops
-
     for dtype in (torch.float16, torch.bfloat16):
         for m, n, k in [(4097, 4097, 129), (8192, 2048, 64), (1000, 4097, 1000)]:
             a = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -210,15 +278,15 @@ def test_store_under_mma_many_tiles_relaunch_and_graph_replay(tile):
             for out_dtype in (dtype, torch.float32):
                 out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                                  dtype=out_dtype)[:, :n]
-                ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)
+                gemm(a, b, out=out, tile=tile, store_under_mma=True)
                 check(a, b, out)
     a = torch.randn(2048, 1536, device="cuda", dtype=torch.float16)
     b = torch.randn(4096, 1536, device="cuda", dtype=torch.float16)
     out = torch.empty(2048, 4096, device="cuda", dtype=torch.float16)
-    ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)  # compile outside capture
+    gemm(a, b, out=out, tile=tile, store_under_mma=True)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out, tile=tile, store_under_mma=True)
+        gemm(a, b, out=out, tile=tile, store_under_mma=True)
     replay_and_check(graph, a, b, out, 3)
 
 
@@ -235,8 +303,6 @@ def test_split_k_is_bitwise_reproducible(cut):
     promise."""
     import torch
 
-    from cutetma import ops
-
     cut = dict(cut)
     deterministic = cut.pop("deterministic", False)
     shape = (256, 512, 5120) if deterministic else (512, 1536, 5120)
@@ -245,10 +311,10 @@ def test_split_k_is_bitwise_reproducible(cut):
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic or before)
     try:
-        first = ops.gemm(a, b, **cut)
+        first = gemm(a, b, **cut)
         check(a, b, first)
         for _ in range(20):
-            assert torch.equal(ops.gemm(a, b, **cut), first)
+            assert torch.equal(gemm(a, b, **cut), first)
     finally:
         torch.use_deterministic_algorithms(before)
 
@@ -280,8 +346,6 @@ def test_new_tile_widths(variant):
     swizzle), bf16 with its own output (four compiled kernels a variant)."""
     import torch
 
-    from cutetma import ops
-
     for dtype in (torch.float16, torch.bfloat16):
         fp16 = dtype == torch.float16
         for m, n, k in _shapes(sum(map(ord, str(variant))), 6) + [(256, 5120, 5120)]:
@@ -290,7 +354,7 @@ def test_new_tile_widths(variant):
             for out_dtype in (dtype, torch.float32) if fp16 else (dtype,):
                 out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                                  dtype=out_dtype)[:, :n]
-                ops.gemm(a, b, out=out, **variant)
+                gemm(a, b, out=out, **variant)
                 check(a, b, out)
             if not fp16:
                 continue
@@ -300,9 +364,9 @@ def test_new_tile_widths(variant):
             # K = 1 (a (1, N) tensor is K-major too)
             if variant["tile"][1] > 256 and variant["tile"][1] % 128 and n % 8 == 0 and k > 1:
                 with pytest.raises(ValueError, match="multiple of 64"):
-                    ops.gemm(a, b_kn, trans_b=False, **variant)
+                    gemm(a, b_kn, trans_b=False, **variant)
                 continue
-            check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
+            check(a, b_kn, gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
 
 
 # clusters of 4 and 8 CTAs (written 2026-12-02): cuBLAS runs 64 x 64 tiles in (2, 4)
@@ -321,8 +385,6 @@ def test_clusters_of_four_and_eight(variant):
     like cuBLAS's, fp16 / bf16 inputs, fp16 and fp32 outputs, B as (N, K) and (K, N)."""
     import torch
 
-    from cutetma import ops
-
     for dtype in (torch.float16, torch.bfloat16):
         for m, n, k in _shapes(sum(map(ord, str(variant))), 5) + [(256, 1536, 5120)]:
             a = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -330,28 +392,10 @@ def test_clusters_of_four_and_eight(variant):
             for out_dtype in (dtype, torch.float32):
                 out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                                  dtype=out_dtype)[:, :n]
-                ops.gemm(a, b, out=out, load="tma_multicast", **variant)
+                gemm(a, b, out=out, **variant)
                 check(a, b, out)
             b_kn = b.T.contiguous()
-            check(a, b_kn, ops.gemm(a, b_kn, trans_b=False, load="tma_multicast", **variant),
-                  trans_b=False)
-
-
-@pytest.mark.parametrize("fields", [
-    dict(tile_m=64, tile_n=128, cluster_m=2, cluster_n=4, multicast_a=False),
-    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=2, multicast_b=False),
-], ids=_named)
-def test_cluster_that_multicasts_one_operand(fields):
-    """A cluster whose row (or column) loads its own A (B) while the other operand is
-    multicast (written 2026-12-02): each stage is released only to the CTAs that fill it.
-    Random shapes that are not multiples of the tile, and 2048 x 512 x 5120."""
-    import torch
-
-    from cutetma.kernels.gemm_sm90 import GemmConfig
-
-    for m, n, k in _shapes(sum(map(ord, str(fields))), 5) + [(2048, 512, 5120)]:
-        _default_into_poisoned(m, n, k, torch.float16, (torch.float16,),
-                               config=GemmConfig(**fields))
+            check(a, b_kn, gemm(a, b_kn, trans_b=False, **variant), trans_b=False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -362,15 +406,15 @@ def test_automatic_wide_multicast(dtype):
     narrower tile (a 160-column WGMMA cannot read an N-major B) and is checked too."""
     import torch
 
-    from cutetma import ops
+    from cutetma.tuning import gemm as tuning
 
     t = getattr(torch, dtype)
     for m, n, k in [(2048, 5120, 1000), (2000, 5000, 777), (2048, 7680, 136)]:
-        assert ops.wide_multicast_pays(m, n, k), (m, n, k)
+        assert tuning.wide_multicast_pays(m, n, k), (m, n, k)
         _default_into_poisoned(m, n, k, t)
         a = torch.randn(m, k, device="cuda", dtype=t)
         b_kn = torch.randn(k, n, device="cuda", dtype=t)
-        check(a, b_kn, ops.gemm(a, b_kn, trans_b=False), trans_b=False)
+        check(a, b_kn, gemm(a, b_kn, trans_b=False), trans_b=False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -381,14 +425,14 @@ def test_fitted_64_row_tiles(dtype):
     the tile, into poisoned fp16 / bf16 and fp32 outputs."""
     import torch
 
-    from cutetma import ops
+    from cutetma import runtime, select_gemm_config
 
     t = getattr(torch, dtype)
     for m, n, k, width, cluster in [
             (512, 1536, 5120, 96, (1, 1)), (256, 1536, 5120, 96, (2, 1)),
             (200, 1528, 5000, 96, (2, 1)), (208, 432, 3000, 112, (2, 1)),
             (208, 256, 1000, 80, (2, 1)), (136, 520, 3000, 112, (1, 1))]:
-        cfg = ops._gemm_config(m, n, "tma", None, None, ops._sm_count(0), split_k=None, k=k)
+        cfg = select_gemm_config(m, n, k, sm_count=runtime.sm_count(0))
         assert (cfg.tile_m, cfg.tile_n) == (64, width), (m, n, k, cfg)
         assert (cfg.cluster_m, cfg.cluster_n) == cluster, (m, n, k, cfg)
         _default_into_poisoned(m, n, k, t)
@@ -404,8 +448,6 @@ def test_programmatic_dependent_launch_chain(options):
     would read NaN poison or stale values)."""
     import torch
 
-    from cutetma import ops
-
     m, n, k = 1000, 1032, 1032  # n = k: each output is the next one's A
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     bs = [torch.randn(n, k, device="cuda", dtype=torch.float16) / 32 for _ in range(4)]
@@ -415,7 +457,7 @@ def test_programmatic_dependent_launch_chain(options):
     def chain():
         x = a
         for b, out in zip(bs, outs, strict=True):
-            x = ops.gemm(x, b, out=out, pdl=True, **options)
+            x = gemm(x, b, out=out, pdl=True, **options)
 
     def check_chain():
         x = a
@@ -444,31 +486,31 @@ def _default_into_poisoned(m, n, k, dtype, out_dtypes=None, **options):
     checked against the fp32 reference."""
     import torch
 
-    from cutetma import ops
-
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(n, k, device="cuda", dtype=dtype)
     for out_dtype in out_dtypes or (dtype, torch.float32):
         out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                          dtype=out_dtype)[:, :n]
-        ops.gemm(a, b, out=out, **options)
+        gemm(a, b, out=out, **options)
         check(a, b, out)
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_raster_order_placed_on_this_cards_gpcs(load):
     """``cutetma.gemm`` probes where the card puts its CTAs and reorders the tiles
-    (``cutetma.placement``; written 2026-12-02): the shapes where the H200's order changes
-    (one wave of 64 x 128 at 2048 x 512, several waves at 2048 x 6144, a 128 x 320 (2, 1)
-    grid), cut to odd sizes, into poisoned outputs; both mechanisms get the same order."""
+    (``cutetma.runtime.placement``; written 2026-12-02): the shapes where the H200's order
+    changes (one wave of 64 x 128 at 2048 x 512, several waves at 2048 x 6144, a 128 x 320
+    (2, 1) grid), cut to odd sizes, into poisoned outputs; both mechanisms get the same
+    order."""
     import torch
 
-    from cutetma import ops, placement
+    from cutetma import runtime
+    from cutetma.runtime import placement
 
     for m, n, k in [(2048, 512, 5120), (2000, 6100, 1000), (2048, 5120, 777)]:
         _default_into_poisoned(m, n, k, torch.float16, load=load)
     gpcs = placement.sm_gpcs(0)
-    assert len(gpcs) == ops._sm_count(0) and len(set(gpcs)) >= 2
+    assert len(gpcs) == runtime.sm_count(0) and len(set(gpcs)) >= 2
 
 
 @pytest.mark.parametrize("fields", [
@@ -484,8 +526,7 @@ def test_order_table(fields):
     the table."""
     import torch
 
-    from cutetma import ops
-    from cutetma.kernels.gemm_sm90 import GemmConfig
+    from cutetma import GemmConfig
 
     cfg = GemmConfig(order_table=True, **fields)
     for m, n, k in [(2048, 512, 5120), (3000, 5000, 333), (8192, 8192, 64), (129, 17, 1000)]:
@@ -493,15 +534,33 @@ def test_order_table(fields):
     a = torch.randn(1000, 640, device="cuda", dtype=torch.float16)
     b = torch.randn(3000, 640, device="cuda", dtype=torch.float16)
     out = torch.empty(1000, 3000, device="cuda", dtype=torch.float16)
-    ops.gemm(a, b, out=out, config=cfg)
+    gemm(a, b, out=out, config=cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out, config=cfg)
+        gemm(a, b, out=out, config=cfg)
     replay_and_check(graph, a, b, out, 2)
 
 
+@pytest.fixture
+def order_tables(monkeypatch):
+    """``(configuration, M, N)`` of every order table ``cutetma.gemm`` launches with: a spy
+    on ``cutetma.runtime.placement.order_table`` (which builds each table once and keeps it
+    on the device), called for every launch whose configuration has ``order_table`` on."""
+    from cutetma.runtime import placement
+
+    seen = []
+    real = placement.order_table
+
+    def spy(cfg, m, n, device_index, clusters):
+        seen.append((cfg, m, n))
+        return real(cfg, m, n, device_index, clusters)
+
+    monkeypatch.setattr(placement, "order_table", spy)
+    return seen
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_default_order_table_from_m_256(dtype):
+def test_default_order_table_from_m_256(dtype, order_tables):
     """From M = 256 ``cutetma.gemm`` deals whole tiles from an order table by itself
     (from M = 512 in session 20, from 256 in session 22): its default configurations there
     (cooperative 128 x 256, pingpong 128 x 128 at short K, a (2, 1) multicast, 128 x 320 in
@@ -511,14 +570,14 @@ def test_default_order_table_from_m_256(dtype):
     table needs a probe launch) and is still right on replay."""
     import torch
 
-    from cutetma import ops
+    from cutetma import runtime, select_gemm_config
 
     t = getattr(torch, dtype)
     for m, n, k in [(2000, 6100, 1000), (600, 16000, 500), (512, 4100, 4096),
                     (2048, 5120, 5120), (8192, 1000, 64), (300, 7000, 2000),
                     (256, 6144, 4096), (400, 9000, 1500)]:
         _default_into_poisoned(m, n, k, t, (t,))
-        assert any(key[0].order_table and key[1:3] == (m, n) for key in ops._ORDER_TABLES), (
+        assert any(cfg.order_table and shape == (m, n) for cfg, *shape in order_tables), (
             m, n, k)
     a = torch.randn(777, 640, device="cuda", dtype=t)
     b = torch.randn(3001, 640, device="cuda", dtype=t)
@@ -526,16 +585,18 @@ def test_default_order_table_from_m_256(dtype):
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # compile outside the capture
-        ops.gemm(a, b, out=out, config=ops._config_for(777, 3001, 640, "tma", None, None,
-                 ops._sm_count(0), None, None, False, None, None))
+        # the library's choice before its tile order: what a capture that finds no table and
+        # no placed band yet runs
+        gemm(a, b, out=out, config=select_gemm_config(777, 3001, 640,
+                                                      sm_count=runtime.sm_count(0)))
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out)
+        gemm(a, b, out=out)
     replay_and_check(graph, a, b, out, 2)
     out.fill_(float("nan"))
-    ops.gemm(a, b, out=out)  # outside a capture the table is built now
+    gemm(a, b, out=out)  # outside a capture the table is built now
     check(a, b, out)
-    assert any(key[1:3] == (777, 3001) for key in ops._ORDER_TABLES)
+    assert any(cfg.order_table and shape == (777, 3001) for cfg, *shape in order_tables)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -546,12 +607,12 @@ def test_automatic_multicast_at_small_m(dtype):
     each cluster gets one row), fp16 / fp32 outputs into poisoned buffers."""
     import torch
 
-    from cutetma import ops
+    from cutetma import select_gemm_config
 
     t = getattr(torch, dtype)
     for m, n, k in [(256, 7680, 5120), (250, 7000, 5000), (500, 4000, 4097), (129, 8192, 1000),
                     (200, 5000, 5000), (256, 4096, 4096)]:
-        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        cfg = select_gemm_config(m, n, k)
         assert (cfg.cluster_m, cfg.cluster_n) == (2, 1), (m, n, k)
         _default_into_poisoned(m, n, k, t)
 
@@ -564,11 +625,11 @@ def test_automatic_pingpong_below_m_512(dtype):
     fp16 / fp32 outputs into poisoned buffers."""
     import torch
 
-    from cutetma import ops
+    from cutetma import select_gemm_config
 
     t = getattr(torch, dtype)
     for m, n, k in [(256, 16384, 512), (300, 17000, 500), (257, 24577, 1504)]:
-        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        cfg = select_gemm_config(m, n, k)
         assert (cfg.schedule, cfg.tile_m, cfg.tile_n) == ("pingpong", 128, 128), (m, n, k)
         _default_into_poisoned(m, n, k, t)
 
@@ -580,11 +641,11 @@ def test_automatic_fitted_widths(dtype):
     of the tile, fp16 / fp32 outputs into poisoned buffers."""
     import torch
 
-    from cutetma import ops
+    from cutetma import select_gemm_config
 
     t = getattr(torch, dtype)
     for (m, n, k), width in [((300, 9000, 4000), 208), ((500, 14000, 3001), 224)]:
-        cfg = ops._gemm_config(m, n, "tma", None, None, 132, split_k=None, k=k)
+        cfg = select_gemm_config(m, n, k)
         assert (cfg.tile_n, cfg.cluster_m, cfg.split_k) == (width, 1, 1), (m, n, k)
         _default_into_poisoned(m, n, k, t)
 
@@ -598,17 +659,17 @@ def test_automatic_choices_for_small_outputs(load, dtype):
     launch would add into the next)."""
     import torch
 
-    from cutetma import ops
+    from cutetma import select_gemm_config
 
     t = getattr(torch, dtype)
     shapes = [(256, 512, 5120), (255, 509, 5111), (512, 512, 5120), (2047, 511, 5120),
               (200, 1536, 5000), (64, 1536, 5120), (17, 4096, 14336), (129, 1000, 4097)]
     for m, n, k in shapes * 2:
-        cfg = ops._gemm_config(m, n, load, None, None, 132, split_k=None, k=k)
+        cfg = select_gemm_config(m, n, k, load=load)
         a = torch.randn(m, k, device="cuda", dtype=t)
         b = torch.randn(n, k, device="cuda", dtype=t)
         out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda", dtype=t)[:, :n]
-        ops.gemm(a, b, out=out, load=load)
+        gemm(a, b, out=out, load=load)
         try:
             check(a, b, out)
         except AssertionError as exc:
@@ -620,21 +681,19 @@ def test_graph_survives_workspace_growth():
     GEMM outgrew it on the same stream (the outgrown buffers are never freed)."""
     import torch
 
-    from cutetma import ops
-
     a = torch.randn(256, 1024, device="cuda", dtype=torch.float16)
     b = torch.randn(512, 1024, device="cuda", dtype=torch.float16)
     out = torch.empty(256, 512, device="cuda", dtype=torch.float16)
-    ops.gemm(a, b, out=out, split_k=2)
+    gemm(a, b, out=out, split_k=2)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.gemm(a, b, out=out, split_k=2)
+        gemm(a, b, out=out, split_k=2)
     big_a = torch.randn(2048, 4096, device="cuda", dtype=torch.float16)
     big_b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    ops.gemm(big_a, big_b, split_k=4)  # compiled outside any capture
+    gemm(big_a, big_b, split_k=4)  # compiled outside any capture
     later = torch.cuda.CUDAGraph()
     with torch.cuda.graph(later):  # the same capture stream: outgrows the first graph's pair
-        ops.gemm(big_a, big_b, split_k=4)
+        gemm(big_a, big_b, split_k=4)
     torch.cuda.synchronize()
     replay_and_check(graph, a, b, out, 2)
 
@@ -660,21 +719,21 @@ def test_epilogue_buffers(variant):
 
     import torch
 
-    from cutetma import ops
+    from cutetma import select_gemm_config
 
     fields = {key: variant[key] for key in ("epi_stages",) if key in variant}
     cluster = variant.get("cluster", (1, 1))
     for dtype in (torch.float16, torch.bfloat16):
         outs = (dtype, torch.float32) if dtype == torch.float16 else (dtype,)
         for m, n, k in _shapes(sum(map(ord, str(variant))), 5) + [(4097, 3000, 1000)]:
-            cfg = ops._gemm_config(m, n, "tma_multicast" if cluster != (1, 1) else "tma",
-                                   cluster, variant["tile"], 132, variant.get("schedule"),
-                                   variant.get("split_k", 1), k)
+            cfg = select_gemm_config(m, n, k, cluster=cluster, tile=variant["tile"],
+                                     schedule=variant.get("schedule"),
+                                     split_k=variant.get("split_k", 1))
             cfg = dataclasses.replace(cfg, **fields)
             a = torch.randn(m, k, device="cuda", dtype=dtype)
             b = torch.randn(n, k, device="cuda", dtype=dtype)
             for out_dtype in outs:
                 out = torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda",
                                  dtype=out_dtype)[:, :n]
-                ops.gemm(a, b, out=out, config=cfg)
+                gemm(a, b, out=out, config=cfg)
                 check(a, b, out)

@@ -9,6 +9,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+# a file of quick tests that imports neither torch nor the DSL, so each pytest child starts
+# in a second; ``-k`` leaves some out, as a session's ``-m "not gpu"`` would
+TARGET = "tests/test_layering.py"
+SELECT = ("-k", "not catch")
 
 
 def _collected(*extra: str) -> list[str]:
@@ -19,13 +23,12 @@ def _collected(*extra: str) -> list[str]:
 
 
 def test_shards_cover_every_selected_test_once():
-    target = "tests/test_placement.py"
-    whole = _collected(target, "-k", "not probe")
-    parts = [_collected(target, "-k", "not probe", f"--shard={i}/3") for i in range(3)]
+    whole = _collected(TARGET, *SELECT)
+    parts = [_collected(TARGET, *SELECT, f"--shard={i}/3") for i in range(3)]
     assert sorted(sum(parts, [])) == sorted(whole) and len(whole) > 6
     assert all(parts) and max(map(len, parts)) - min(map(len, parts)) <= 1
     bad = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "--shard=3/3", target], cwd=ROOT, capture_output=True, text=True)
+                          "--shard=3/3", TARGET], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "0 <= I < N" in bad.stderr
 
 
@@ -33,7 +36,7 @@ def test_run_shards_counts_results_and_kills_past_the_budget(tmp_path):
     import gpu_session
 
     cmd = [sys.executable, "-m", "pytest", "-m", "not gpu", "-v", "-p", "no:cacheprovider",
-           "tests/test_placement.py", "-k", "not probe"]
+           TARGET, *SELECT]
     expected = len(_collected(*cmd[6:]))
     summary = gpu_session.run_shards(cmd, 2, 120, tmp_path)
     assert f"{expected} passed" in summary and "killed" not in summary, summary

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cutetma import dsl, kernels
+from cutetma import dsl
+from cutetma.kernels import build
 from cutetma.kernels import microbench as mb
 
 BULK = "cp.async.bulk.tensor.2d"
@@ -35,7 +36,7 @@ def latency_ptx(cfg: mb.LatencyConfig) -> str:
     cutlass, _ = dsl.cutlass()
     from cutlass.cute.runtime import make_fake_stream
 
-    return dsl.compile_ptx(mb.SingleShotLatency(cfg), kernels.fake_matrix(4),
+    return dsl.compile_ptx(mb.SingleShotLatency(cfg), build.fake_matrix(4),
                            _fake_2d(cutlass.Int64), _fake_2d(cutlass.Int32), cutlass.Int32(0),
                            cutlass.Int32(0), make_fake_stream()).ptx
 
@@ -45,7 +46,7 @@ def stream_ptx(cfg: mb.StreamConfig) -> str:
     cutlass, _ = dsl.cutlass()
     from cutlass.cute.runtime import make_fake_stream
 
-    return dsl.compile_ptx(mb.StreamingLoad(cfg), kernels.fake_matrix(4),
+    return dsl.compile_ptx(mb.StreamingLoad(cfg), build.fake_matrix(4),
                            _fake_2d(cutlass.Int32), cutlass.Int32(0), cutlass.Int32(0),
                            make_fake_stream()).ptx
 
@@ -55,7 +56,7 @@ def broadcast_ptx(cfg: mb.BroadcastConfig) -> str:
     cutlass, _ = dsl.cutlass()
     from cutlass.cute.runtime import make_fake_stream
 
-    return dsl.compile_ptx(mb.ClusterBroadcast(cfg), kernels.fake_matrix(4),
+    return dsl.compile_ptx(mb.ClusterBroadcast(cfg), build.fake_matrix(4),
                            _fake_2d(cutlass.Int32), cutlass.Int32(0), cutlass.Int32(0),
                            cutlass.Int32(0), make_fake_stream()).ptx
 

@@ -1,14 +1,17 @@
-"""The CTA placement model: the scheduler's order as the DSL computes it, GPCs named from
-cluster launches, the L2-sector model, and the raster order it picks on the H200's measured
-placement (benchmarks/results/sm_placement.json)."""
+"""The CTA placement model (``cutetma.tuning.placement``): the scheduler's order as the DSL
+computes it, GPCs named from cluster launches, the L2-sector model, and the raster order it
+picks on the H200's measured placement (benchmarks/results/sm_placement.json); and what
+``cutetma.runtime.placement`` makes of it for ``cutetma.gemm``."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from cutetma import placement
-from cutetma.kernels.gemm_sm90 import GemmConfig
+from cutetma import GemmConfig, select_gemm_config
+from cutetma.runtime import placement as runtime_placement
+from cutetma.tuning import placement
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
@@ -37,7 +40,7 @@ def _dsl_order(clusters_m, clusters_n, band, along_m):
 @pytest.mark.parametrize("clusters_m,clusters_n,band,along_m", [
     (16, 4, 4, True), (8, 12, 4, True), (8, 12, 2, False), (32, 4, 8, False), (6, 8, 2, True),
 ])
-@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore:This static loop has")  # unrolled on purpose
 def test_cluster_order_is_the_schedulers(clusters_m, clusters_n, band, along_m):
     """Bands of 2 and more: the scheduler's own layout, inverted on the host. (A band of 1
     takes the scheduler's divmod path: M first along M, N first otherwise.)"""
@@ -135,20 +138,26 @@ def test_order_table_deals_each_waves_tiles_to_compact_gpc_blocks(mnk, tile, clu
 
 def test_placement_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("CUTETMA_PLACEMENT", "0")
-    assert not placement.enabled()
+    assert not runtime_placement.enabled()
     monkeypatch.setenv("CUTETMA_PLACEMENT", "1")
-    assert placement.enabled()
+    assert runtime_placement.enabled()
+    with runtime_placement.switched_off():  # A/B benchmarks: the default order inside
+        assert not runtime_placement.enabled()
+    assert runtime_placement.enabled()
+    monkeypatch.delenv("CUTETMA_PLACEMENT")
+    with runtime_placement.switched_off():
+        assert not runtime_placement.enabled()
+    assert runtime_placement.enabled() and "CUTETMA_PLACEMENT" not in __import__("os").environ
 
 
 def test_gemm_takes_the_chosen_order_once_per_shape(monkeypatch):
-    """``ops._placed`` (what ``cutetma.gemm`` applies): the order ``choose_raster`` picks on
-    the probed placement (here the H200's, no GPU), remembered per shape; split-K keeps its
-    own order, and ``CUTETMA_PLACEMENT=0`` the default."""
+    """``runtime.placement.placed`` (what ``cutetma.gemm`` applies where no order table
+    runs): the order ``choose_raster`` picks on the probed placement (here the H200's, no
+    GPU), remembered per shape; split-K keeps its own order, and ``CUTETMA_PLACEMENT=0`` the
+    default. ``ordered`` (the whole default) deals whole tiles from M = 256 from a table."""
     import types
 
     import torch
-
-    from cutetma import ops
 
     probes = []
 
@@ -156,18 +165,25 @@ def test_gemm_takes_the_chosen_order_once_per_shape(monkeypatch):
         probes.append(ctas)
         return _h200_gpcs(ctas, size)
 
-    monkeypatch.setattr(placement, "cta_gpcs", probed)
+    monkeypatch.setattr(runtime_placement, "cta_gpcs", probed)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: types.SimpleNamespace(L2_cache_size=50 << 20))
-    monkeypatch.setattr(ops, "_PLACED", {})
-    cfg = ops._gemm_config(2048, 512, "tma", None, None, 132, None, None, 5120)
+    cfg = select_gemm_config(2048, 512, 5120)
     assert (cfg.tile_m, cfg.tile_n, cfg.raster_swizzle, cfg.raster_along_m) == (64, 128, 4, True)
+    # a grid of 131 clusters: a shape no other test places in this process
     for _ in range(2):
-        placed = ops._placed(cfg, 2048, 512, 5120, 0, 132)
+        placed = runtime_placement.placed(cfg, 2048, 512, 5120, 0, 131)
         assert (placed.raster_swizzle, placed.raster_along_m) == (1, True)
+        assert dataclasses.replace(placed, raster_swizzle=4) == cfg  # nothing else changes
     assert probes == [128]  # 32 x 4 tiles: a grid of 128 CTAs, probed once
     split = GemmConfig(tile_m=64, tile_n=128, split_k=2)
-    assert ops._placed(split, 2048, 512, 5120, 0, 132) is split
+    assert runtime_placement.placed(split, 2048, 512, 5120, 0, 131) is split
+    table = runtime_placement.ordered(cfg, 2048, 512, 5120, 0, 131)
+    assert table.order_table and dataclasses.replace(table, order_table=False) == cfg
+    assert runtime_placement.ordered(split, 2048, 512, 5120, 0, 131) is split
+    small = select_gemm_config(128, 4096, 4096)  # below M = 256: the placed band, no table
+    assert not runtime_placement.ordered(small, 128, 4096, 4096, 0, 131).order_table
     monkeypatch.setenv("CUTETMA_PLACEMENT", "0")
-    assert ops._placed(cfg, 2048, 512, 5120, 0, 132) is cfg
+    assert runtime_placement.placed(cfg, 2048, 512, 5120, 0, 131) is cfg
+    assert runtime_placement.ordered(cfg, 2048, 512, 5120, 0, 131) is cfg

@@ -42,7 +42,7 @@ import sys
 
 from cutetma import dsl, layouts
 from cutetma import swizzle as hw
-from cutetma.kernels import gpu_unavailable
+from cutetma.kernels.build import gpu_unavailable
 from cutetma.viz import text
 
 

@@ -36,7 +36,7 @@ initialised with 128 arrivals, one ``cp.async.mbarrier.arrive.noinc`` per thread
 copies land. Same layout, same barrier wait; 512 instructions instead of one.
 
 Kernels: ``cutetma.kernels.tile_copy.SmemProbe`` (through ``cutetma.smem_image`` on the GPU,
-``cutetma.kernels.compile_probe`` on the CPU).
+``cutetma.kernels.build.compile_probe`` on the CPU).
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
 2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
@@ -54,7 +54,7 @@ import re
 import sys
 
 from cutetma import swizzle as hw
-from cutetma.kernels import compile_probe, gpu_unavailable
+from cutetma.kernels.build import compile_probe, gpu_unavailable
 from cutetma.kernels.tile_copy import THREADS, ProbeConfig
 
 BOX = (64, 64)  # rows x cols of fp16: 64 rows of 128 bytes, one 128B swizzle span wide
@@ -136,12 +136,12 @@ def on_the_gpu() -> str:
     import torch
 
     import cutetma
-    from cutetma import ops
+    from cutetma.swizzle import model_image
 
     torch.manual_seed(0)
     x = torch.randn(200, 136, device="cuda", dtype=torch.float16)
     box = x[64:128, 64:128].cpu().numpy()  # box (1, 1)
-    model = ops.model_image(box, "128B")
+    model = model_image(box, "128B")
     same = {}
     for load in ("tma", "cp_async"):
         image = cutetma.smem_image(x, BOX, swizzle="128B", load=load, tile=(1, 1))

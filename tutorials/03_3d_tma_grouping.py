@@ -27,7 +27,7 @@ consecutive rows:
 
 Functions used: ``cutetma.swizzle`` (``check_box``, ``group_view``, ``grouped_box_offsets``,
 ``column_access_banks``), ``cutetma.layouts.compare_case`` (CuTe's own layout for the 3D box),
-``cutetma.kernels.compile_probe`` and, on the GPU, ``cutetma.smem_image(..., grouped=True)``.
+``cutetma.kernels.build.compile_probe`` and, on the GPU, ``cutetma.smem_image(..., grouped=True)``.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
 2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
@@ -49,7 +49,7 @@ import numpy as np
 
 from cutetma import layouts
 from cutetma import swizzle as hw
-from cutetma.kernels import compile_probe, gpu_unavailable, ptx_ops
+from cutetma.kernels.build import compile_probe, gpu_unavailable, ptx_ops
 from cutetma.kernels.tile_copy import ProbeConfig
 from cutetma.viz import text
 
@@ -143,14 +143,13 @@ def on_the_gpu() -> str:
     import torch
 
     import cutetma
-    from cutetma import ops
 
     torch.manual_seed(0)
     x = torch.randn(*GLOBAL, device="cuda", dtype=torch.float16)
     results = []
     for tile_c in (0, 1):
         box = x[:, tile_c * COLS:(tile_c + 1) * COLS].cpu().numpy()
-        model = ops.model_image(box, "128B", grouped=True)
+        model = hw.model_image(box, "128B", grouped=True)
         for load in ("tma", "cp_async"):
             image = cutetma.smem_image(x, (ROWS, COLS), swizzle="128B", load=load,
                                        tile=(0, tile_c), grouped=True)

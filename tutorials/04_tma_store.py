@@ -26,7 +26,7 @@ writes only the elements inside the tensor (clip). So the round trip below launc
 per box of a 203x136 tensor, 12 boxes of 64x64, and needs no bounds checks in the kernel.
 
 Kernel: ``cutetma.kernels.tile_copy.TmaRoundTrip`` (``cutetma.tma_round_trip`` on the GPU,
-``cutetma.kernels.compile_round_trip`` on the CPU); the zero fill is read back with
+``cutetma.kernels.build.compile_round_trip`` on the CPU); the zero fill is read back with
 ``cutetma.smem_image``.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
@@ -47,7 +47,7 @@ import sys
 
 import numpy as np
 
-from cutetma.kernels import compile_round_trip, gpu_unavailable
+from cutetma.kernels.build import compile_round_trip, gpu_unavailable
 
 SHAPE = (203, 136)  # fp16; rows of 272 bytes: a multiple of 16, as TMA needs
 BOX = (64, 64)
@@ -108,7 +108,7 @@ def on_the_gpu() -> str:
     import torch
 
     import cutetma
-    from cutetma import ops
+    from cutetma.swizzle import model_image
 
     torch.manual_seed(0)
     x = torch.randn(*SHAPE, device="cuda", dtype=torch.float16)
@@ -124,7 +124,7 @@ def on_the_gpu() -> str:
     box = np.zeros(BOX, dtype=np.float16)
     part = x[r0:, c0:].cpu().numpy()
     box[:part.shape[0], :part.shape[1]] = part
-    model = ops.model_image(box, "128B")
+    model = model_image(box, "128B")
     zero_filled = box.size - part.size
     filled_ok = bool((image.cpu().numpy() == model).all())
     print(f"corner box {tile}: {part.shape[0]}x{part.shape[1]} inside, {zero_filled} elements "

@@ -29,16 +29,18 @@ two stages.
 sub-tiles, or two where the two freed make room for one more stage: ``epi_buffers``); the
 rest of the 227 KiB of shared memory per CTA becomes stages (``GemmConfig.num_stages``).
 Depth matters most where B streams from DRAM: at M = 256 a seventh stage made 128 x 96
-tiles 10% faster on the H200 (``gemm_kernel_times_graph_m256.json``, 2026-12-02).
+tiles about 10% faster on the H200 (``docs/design.md``, "Stages and epilogue buffers").
 
 The cp.async counterpart: the same kernel with its producer swapped
 (``GemmConfig(load="cp_async")``): 128 producer threads issue 16-byte copies instead of one
 thread issuing TMA, which costs issue slots and registers, so it tends to need more stages
 to hide the same latency.
 
-Kernel: ``cutetma.kernels.gemm_sm90.HopperGemm``. ``cutetma.ops.gemm`` always uses the most
-stages, so this tutorial builds ``HopperGemm(GemmConfig(stages=s))`` itself, the way
-``ops.gemm`` does (``cute.compile`` once, then launch on the current stream).
+Kernel: ``cutetma.kernels.gemm_sm90.HopperGemm``. ``cutetma.gemm`` chooses the most stages
+by itself; this tutorial hands it ``config=GemmConfig(tile_m=128, tile_n=128, stages=s)``
+instead, so the kernel runs with exactly ``s`` stages (compiled once per configuration, then
+launched on the current stream), in the scheduler's default tile order
+(``cutetma.runtime.placement.switched_off()``: no order chosen for the card).
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
 2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
@@ -60,8 +62,10 @@ import sys
 
 from _common import time_ms  # tutorials/_common.py: CUDA-event timing
 
-from cutetma import kernels
-from cutetma.kernels import gpu_unavailable
+from cutetma.kernels import build
+from cutetma.kernels.build import gpu_unavailable
+from cutetma.kernels.gemm_config import GemmConfig
+from cutetma.kernels.smem import smem_capacity
 
 SMEM_KIB = 227
 TILES = [(128, 256), (128, 128), (64, 256), (64, 128)]
@@ -75,9 +79,8 @@ def heading(title: str) -> None:
 
 def stage_arithmetic():
     heading("1. Shared memory per stage, and how many stages fit (fp16 in, fp16 out)")
-    from cutetma.kernels.gemm_sm90 import SMEM_CAPACITY, GemmConfig
-
-    print(f"capacity {SMEM_CAPACITY} B ({SMEM_KIB} KiB), 1024 B reserved for barriers/alignment")
+    capacity = smem_capacity()  # 227 KiB, as the DSL states it
+    print(f"capacity {capacity} B ({SMEM_KIB} KiB), 1024 B reserved for barriers/alignment")
     print(f"{'tile':>9} {'stage bytes':>11} {'epilogue':>9} {'stages':>6} "
           f"{'flop per loaded byte':>20}")
     for tm, tn in TILES:
@@ -85,19 +88,17 @@ def stage_arithmetic():
         stage, epi, n = cfg.stage_bytes(), cfg.epi_bytes(2), cfg.num_stages(2)
         intensity = 2 * tm * tn * cfg.tile_k / stage
         print(f"{tm:>4}x{tn:<4} {stage:>11} {epi:>9} {n:>6} {intensity:>20.1f}"
-              f"   = ({SMEM_CAPACITY} - 1024 - {epi}) // {stage}")
+              f"   = ({capacity} - 1024 - {epi}) // {stage}")
     return GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1]).num_stages(2)
 
 
 def barriers_in_the_ptx(most: int) -> dict:
     heading(f"2. The ring in the PTX: one (full, empty) mbarrier pair per stage "
             f"(tile {TIMED_TILE[0]}x{TIMED_TILE[1]})")
-    from cutetma.kernels.gemm_sm90 import GemmConfig
-
     found = {}
     for stages in (2, most):
         cfg = GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1], stages=stages)
-        ptx = kernels.compile_gemm(cfg).ptx
+        ptx = build.compile_gemm(cfg).ptx
         found[stages] = ptx.count("mbarrier.init")
         print(f"stages={stages}: {found[stages]} mbarrier.init, "
               f"{ptx.count('mbarrier.arrive.expect_tx')} expect_tx (one per k-tile, in the "
@@ -105,31 +106,11 @@ def barriers_in_the_ptx(most: int) -> dict:
     return found
 
 
-def gemm_with_stages(cfg, a, b, c):
-    """Compile ``HopperGemm(cfg)`` for these tensors, as ``cutetma.ops.gemm`` does, and return
-    a launcher."""
-    from cutetma import dsl
-
-    _, cute = dsl.cutlass()  # imports the DSL for sm_90a before anything else touches it
-    import cutlass.utils as utils
-    import torch
-    from cuda.bindings import driver as cuda
-    from cutlass.cute.runtime import from_dlpack
-
-    from cutetma.kernels.gemm_sm90 import HopperGemm
-
-    tensors = [from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=1)
-               for t in (a, b, c)]
-    clusters = utils.HardwareInfo().get_max_active_clusters(cfg.cluster_m * cfg.cluster_n)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    kernel = cute.compile(HopperGemm(cfg), *tensors, clusters, stream)
-    return lambda: kernel(*tensors, stream)
-
-
 def on_the_gpu(most: int) -> str:
     import torch
 
-    from cutetma.kernels.gemm_sm90 import GemmConfig
+    import cutetma
+    from cutetma.runtime import placement
 
     m, n, k = MNK
     heading(f"3. On the GPU: C = A B^T, {m}x{n}x{k} fp16, tile {TIMED_TILE}, by stages")
@@ -143,11 +124,15 @@ def on_the_gpu(most: int) -> str:
     plan = [("tma", s) for s in sorted({2, 3, 4, most})] + [("cp_async", 2), ("cp_async", most)]
     for load, stages in plan:
         cfg = GemmConfig(tile_m=TIMED_TILE[0], tile_n=TIMED_TILE[1], load=load, stages=stages)
-        run = gemm_with_stages(cfg, a, b, c)
-        run()
-        torch.cuda.synchronize()
-        err = (c.float() - ref).abs().max().item()
-        ms = time_ms(run)
+
+        def run(cfg=cfg):
+            return cutetma.gemm(a, b, out=c, config=cfg)
+
+        with placement.switched_off():  # the default tile order, the same for every row
+            run()
+            torch.cuda.synchronize()
+            err = (c.float() - ref).abs().max().item()
+            ms = time_ms(run)
         rows.append((load, stages, ms))
         print(f"{load:>8} stages={stages}: {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  "
               f"(max |C - A@B^T| = {err:.3g})")

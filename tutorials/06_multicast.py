@@ -25,8 +25,9 @@ from L2. The probe also has ``load="dsm"``: CTA 0 loads by TMA and the others co
 the cluster's distributed shared memory (``mapa`` + ``ld.shared::cluster``), a software
 broadcast. cp.async cannot multicast at all: it writes only its own CTA's shared memory.
 
-Kernel: ``cutetma.kernels.tile_copy.SmemProbe`` with ``load="tma_multicast"`` (through
-``cutetma.smem_image(..., cluster=N)`` on the GPU, ``compile_probe`` on the CPU).
+Kernel: ``cutetma.kernels.tile_copy.SmemProbe`` with ``ProbeConfig(load="tma_multicast")``
+(through ``cutetma.smem_image(..., load="tma", cluster=N)`` on the GPU,
+``cutetma.kernels.build.compile_probe`` on the CPU).
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
 2026-11-30, `python benchmarks/gpu_session.py --only tutorials`), the GPU part:
@@ -45,7 +46,7 @@ from __future__ import annotations
 import re
 import sys
 
-from cutetma.kernels import compile_probe, gpu_unavailable
+from cutetma.kernels.build import compile_probe, gpu_unavailable
 from cutetma.kernels.tile_copy import ProbeConfig
 
 BOX = (64, 64)
@@ -100,21 +101,22 @@ def on_the_gpu() -> str:
     import torch
 
     import cutetma
-    from cutetma import ops
+    from cutetma.swizzle import model_image
 
     torch.manual_seed(0)
     x = torch.randn(200, 136, device="cuda", dtype=torch.float16)
-    model = ops.model_image(x[64:128, 64:128].cpu().numpy(), "128B")
+    model = model_image(x[64:128, 64:128].cpu().numpy(), "128B")
     single = cutetma.smem_image(x, BOX, load="tma", tile=(1, 1)).cpu().numpy()
     print(f"single CTA, plain TMA: equal to the model: {bool((single == model).all())}")
     ok = []
-    for load, n in [("tma_multicast", 2), ("tma_multicast", 4), ("dsm", 2)]:
+    for load, n in [("tma", 2), ("tma", 4), ("dsm", 2)]:  # tma with a cluster: multicast
         images = cutetma.smem_image(x, BOX, load=load, cluster=n, tile=(1, 1))
         torch.cuda.synchronize()
         images = images.cpu().numpy()
         same = [bool(np.array_equal(im, model)) for im in images]
         ok += same
-        print(f"{load:>13} x{n}: {images.shape[0]} CTAs x {images.shape[1]} bytes, each equal "
+        name = "tma_multicast" if load == "tma" else load
+        print(f"{name:>13} x{n}: {images.shape[0]} CTAs x {images.shape[1]} bytes, each equal "
               f"to the model: {same}")
     return f"on the H200 {sum(ok)} of {len(ok)} CTA images equal the single-CTA model"
 
@@ -127,8 +129,8 @@ def main() -> int:
     if reason:
         heading("3. On the GPU")
         print(f"skipped: {reason}. On an H200 this step loads box (1, 1) of a 200x136 fp16 "
-              "tensor with cutetma.smem_image(load='tma_multicast', cluster=2 and 4) and "
-              "load='dsm', and compares every CTA's image with the model.")
+              "tensor with cutetma.smem_image(load='tma', cluster=2 and 4: "
+              "multicast) and load='dsm', and compares every CTA's image with the model.")
         measured = "GPU part skipped"
     else:
         measured = on_the_gpu()

@@ -2,7 +2,7 @@
 
 Run: ``python tutorials/07_gemm.py``. On a CPU machine it compiles the kernel for sm_90a
 (TMA and cp.async producers) and shows the instructions each part issues; on an H200 it
-checks ``cutetma.ops.gemm`` against torch and times it with CUDA events (skipped elsewhere).
+checks ``cutetma.gemm`` against torch and times it with CUDA events (skipped elsewhere).
 
 **The pieces, and where each tutorial met them.**
 
@@ -37,7 +37,9 @@ The cp.async counterpart is the same kernel with only the producer swapped
 arrive on *full* when they land. Everything downstream is identical.
 
 Kernel: ``cutetma.kernels.gemm_sm90.HopperGemm``; the torch entry point is
-``cutetma.ops.gemm(a, b)`` (C = A @ B^T; ``trans_b=False`` for torch.matmul's layout).
+``cutetma.gemm(a, b)`` (C = A @ B^T; ``trans_b=False`` for torch.matmul's layout), which
+picks its configuration with ``cutetma.select_gemm_config(m, n, k)``; pass
+``config=select_gemm_config(m, n, k, cluster=(2, 1))`` (or any ``GemmConfig``) to choose.
 ``benchmarks/gemm.py`` is the full benchmark (CUDA graphs, L2 flushed, many shapes).
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
@@ -51,7 +53,7 @@ Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
     == 3. On the GPU: 8192x8192x8192 fp16, CUDA events
     torch.matmul (cuBLAS)          1.432 ms   767.7 TFLOP/s
     cutetma tma                    1.560 ms   704.6 TFLOP/s
-    cutetma tma_multicast (1x2)    1.428 ms   770.0 TFLOP/s
+    cutetma tma, cluster (2, 1)    1.428 ms   770.0 TFLOP/s
     cutetma cp_async               1.868 ms   588.5 TFLOP/s
 
     Takeaway: the GEMM is the earlier pieces in one kernel: 2 TMA loads (A and B) per stage feed 4 wgmma.mma_async per k-tile through a 8-mbarrier ring, and a TMA-store epilogue; the cp.async variant swaps only the producer (0 TMA loads, 48 cp.async.cg in its PTX). on the H200 the TMA GEMM runs at 705 TFLOP/s (92% of cuBLAS), cp.async at 588; worst error 1.00x torch's own.
@@ -64,8 +66,9 @@ import sys
 
 from _common import time_ms  # tutorials/_common.py: CUDA-event timing
 
-from cutetma import kernels
-from cutetma.kernels import gpu_unavailable
+from cutetma.kernels import build
+from cutetma.kernels.build import gpu_unavailable
+from cutetma.kernels.gemm_config import GemmConfig
 
 MNK = (8192, 8192, 8192)
 CHECK_SHAPES = [(4096, 4096, 4096), (1000, 129, 4097), (17, 1000, 256)]
@@ -95,10 +98,8 @@ ROLES = [
 
 def the_ptx() -> dict:
     heading("1. Compiled for sm_90a: what each part issues (static counts in the PTX)")
-    from cutetma.kernels.gemm_sm90 import GemmConfig
-
     variants = {"tma": GemmConfig(), "cp_async": GemmConfig(load="cp_async")}
-    ptx = {name: kernels.compile_gemm(cfg).ptx for name, cfg in variants.items()}
+    ptx = {name: build.compile_gemm(cfg).ptx for name, cfg in variants.items()}
     cfg = variants["tma"]
     print(f"tile {cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}, {cfg.threads} threads "
           f"(1 producer + {cfg.consumer_groups} consumer warpgroups), "
@@ -149,15 +150,12 @@ def the_epilogue_in_sass() -> None:
     heading("1b. Where the epilogue runs: the consumer's k-loop in SASS (ptxas + nvdisasm)")
     import shutil
 
-    if shutil.which("ptxas") is None or kernels.find_nvdisasm() is None:
+    if shutil.which("ptxas") is None or build.find_nvdisasm() is None:
         print("skipped: needs ptxas and nvdisasm (pip install nvidia-cuda-nvdisasm)")
         return
-    from cutetma.kernels.gemm_sm90 import GemmConfig
-
     for name, cfg in (("serial", GemmConfig()), ("store_under_mma", GemmConfig(
             store_under_mma=True))):
-        loop = kernels.innermost_loop(kernels.sass(kernels.compile_gemm(cfg).ptx),
-                                      ("HGMMA", "DEPBAR"))
+        loop = build.innermost_loop(build.sass(build.compile_gemm(cfg).ptx), ("HGMMA", "DEPBAR"))
         print(f"{name:<16} {squeeze(loop)}")
     print("HGMMA: a k-tile's WGMMAs; STSM / UTMASTG: the held tile into shared memory and out "
           "by TMA; WARPGROUP.DEPBAR: the wait that retires the k-tile before last")
@@ -166,7 +164,8 @@ def the_epilogue_in_sass() -> None:
 def on_the_gpu() -> str:
     import torch
 
-    from cutetma import ops
+    import cutetma
+    from cutetma.reference import gemm_ref
 
     torch.backends.cuda.matmul.allow_tf32 = False
     heading("2. On the GPU: correctness against torch (fp32 reference)")
@@ -175,8 +174,8 @@ def on_the_gpu() -> str:
     for m, n, k in CHECK_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        c = ops.gemm(a, b)
-        ref = ops.gemm_ref(a, b)
+        c = cutetma.gemm(a, b)
+        ref = gemm_ref(a, b)
         torch_err = ((a @ b.T).float() - ref).abs().max().item()
         err = (c.float() - ref).abs().max().item()
         worst = max(worst, err / max(torch_err, 1e-6))
@@ -188,11 +187,12 @@ def on_the_gpu() -> str:
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
     c = torch.empty(m, n, device="cuda", dtype=torch.float16)
     flops = 2 * m * n * k
+    clustered = cutetma.select_gemm_config(m, n, k, cluster=(2, 1))  # B multicast to 2 CTAs
     runs = {
         "torch.matmul (cuBLAS)": lambda: torch.matmul(a, b.T, out=c),
-        "cutetma tma": lambda: ops.gemm(a, b, out=c, load="tma"),
-        "cutetma tma_multicast (1x2)": lambda: ops.gemm(a, b, out=c, load="tma_multicast"),
-        "cutetma cp_async": lambda: ops.gemm(a, b, out=c, load="cp_async"),
+        "cutetma tma": lambda: cutetma.gemm(a, b, out=c, load="tma"),
+        "cutetma tma, cluster (2, 1)": lambda: cutetma.gemm(a, b, out=c, config=clustered),
+        "cutetma cp_async": lambda: cutetma.gemm(a, b, out=c, load="cp_async"),
     }
     tflops = {}
     for name, fn in runs.items():
@@ -212,7 +212,7 @@ def main() -> int:
     reason = gpu_unavailable()
     if reason:
         heading("2./3. On the GPU")
-        print(f"skipped: {reason}. On an H200 these steps check cutetma.ops.gemm against "
+        print(f"skipped: {reason}. On an H200 these steps check cutetma.gemm against "
               f"an fp32 reference on {len(CHECK_SHAPES)} shapes and time {MNK[0]}^3 fp16 "
               "against torch.matmul with CUDA events (TMA, TMA multicast, cp.async).")
         measured = "GPU part skipped"

@@ -4,12 +4,15 @@ put together after FlashAttention-3 (FA3). The text also says where this kernel 
 Run: ``python tutorials/08_attention.py``. It runs on any machine: it checks the arithmetic
 in numpy, compiles the kernel for sm_90a and counts its instructions, and prints what the
 H200 measured (``benchmarks/results/attention.json``). It launches nothing, even on a GPU.
-The kernel is ``cutetma.kernels.attention_sm90.FlashAttentionSm90``. Its GPU tests are in
+The kernel is ``cutetma.kernels.attention.FlashAttentionSm90``, a package split as
+FlashAttention-4's ``flash_attn/cute/`` is: ``config`` (``AttentionConfig`` and the tables of
+its defaults), ``scheduler`` (the work walk), ``masking``, ``softmax``, ``epilogue`` and
+``kernel`` (warp roles, producers, consumers). Its GPU tests are in
 ``tests/test_attention_gpu.py``: s_q = s_k in {1, 2, 113, 128, 203, 1023, 1024, 4224}
 plus pairs with s_q != s_k (113/203 and 1/1024, both ways), d 64/128/256, causal or not,
 MHA/GQA/MQA, both producers, all three schedules, and a persistent walk of many tiles per CTA
-checked against one CTA per tile. All of them pass on the H200 (67 on 2026-12-01, among them
-the opt-in cluster multicast and L2 cache policies). The timings come from
+checked against one CTA per tile. All of them passed on the H200 (2026-12-01). The timings
+come from
 ``benchmarks/attention.py`` (``attention.json``, ``attention.png``). From torch::
 
     out = cutetma.attention(q, k, v, causal=True)        # q (b, s_q, h, d); k, v (b, s_k, h_kv, d)
@@ -38,10 +41,11 @@ epilogue, which reduces it.
 **A persistent grid** (``AttentionConfig.persistent``, on by default). A tile is a (128-row
 query block, head, batch). The grid is min(work items, SM count) CTAs of 384 threads: at most
 one per SM, since 384 threads at 168 registers fill the register file. CTA b runs work items
-b, b + gridDim, b + 2 gridDim, and so on. It first counts its items (``_my_item_count``),
-then loops over that count. With ``persistent=False`` the grid has one CTA per item and the
-count is the constant 1, so the kernel compiles to straight-line code with no item loop.
-A work item is (``_work_items``, ``_item_tiles``, ``_tile_coords``):
+b, b + gridDim, b + 2 gridDim, and so on. It first counts its items (``my_item_count``),
+then loops over that count. With ``persistent=False`` (an experimental ablation option,
+never the default) the grid has one CTA per item and the count is the constant 1, so the
+kernel compiles to straight-line code with no item loop. A work item is (``scheduler``:
+``work_items``, ``item_tiles``, ``tile_coords``):
 
 * not causal: one tile. Query blocks are numbered fastest, so the CTAs in flight share one
   head's K and V in L2.
@@ -82,8 +86,8 @@ The pieces, mapped (tutorial numbers in parentheses):
   ``expect_tx`` of its own bytes. The 8 consumer warps free K_j's stage as soon as
   S_j = Q K_j^T is computed, and V_j's after P_j V_j. S_j waits only for K_j. At d = 64 and
   d = 128 each ring has 3 stages of 128 keys. At d = 256 a 128-key stage of K and V together
-  would take 128 KiB, so the kernel uses 64-key stages, 2 of them: Q's 64 KiB plus
-  2 x (32 + 32) KiB.
+  would take 128 KiB, so the kernel uses FA3's 80-key stages, 2 of them: Q's 64 KiB plus
+  2 x (40 + 40) KiB.
 * *P stays in registers*: for 16-bit types, the WGMMA accumulator layout of S matches, element
   by element, the A-operand register layout of P V. So converting S gives the A fragment of
   P V directly, and no data moves between threads (the kernel's docstring shows why).
@@ -96,9 +100,11 @@ The pieces, mapped (tutorial numbers in parentheses):
 * *GQA / MQA without copies*: K and V are viewed as (s_k, d, (group, h_kv), b) with stride 0
   over the group, so query head hq's tile reads key/value head hq // group. Each CTA still
   loads its K/V blocks itself; CTAs that share a head only share them through L2.
-* *setmaxnreg* (07): ``REGISTERS`` gives the budgets. Either producer keeps 40 registers
-  and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512, which is exactly what the launch
-  gave the CTA (168 per thread for 384 threads), not the SM's 65,536. ``setmaxnreg.inc``
+* *setmaxnreg* (07): ``REGISTERS`` gives the budgets. The cp.async producer keeps 40
+  registers and each consumer gets 232: 128 x (40 + 2 x 232) = 64,512, which is exactly what
+  the launch gave the CTA (168 per thread for 384 threads), not the SM's 65,536. The TMA
+  producer, whose one thread only issues copies, keeps 24 and gives each consumer 240 (FA3's
+  split). ``setmaxnreg.inc``
   waits until registers are free, so a budget over the launch's allocation never gets them:
   48 / 232 for the cp.async producer hung the kernel on the H200, and the test now checks the
   launch's figure. With three consumer warpgroups (``block_m=192``) every consumer gets 160
@@ -120,7 +126,8 @@ Each schedule adds one step to the one before it, so the three form an ablation 
               release K_j | mask, softmax_j while P V runs | wait for P V | release V_{j-1} |
               P_j to fp16 (where the wait for P V really sits: below)
     pingpong  overlap, plus the two warpgroups take turns issuing each iteration's pair of
-              GEMMs (named barriers 1 and 2): one's softmax runs under the other's GEMMs
+              GEMMs (named barriers ``AttentionBarrier.TURN + w``, ids 1 and 2): one's
+              softmax runs under the other's GEMMs
 
 "overlap" is FA3's intra-warpgroup overlap. Three things move compared with "serial":
 
@@ -133,10 +140,11 @@ Each schedule adds one step to the one before it, so the three form an ablation 
   V_{j-1}'s stage of the V ring, which the running P V reads. K_j's stage is freed as soon
   as S_j is in, before the softmax, so the producer can keep loading ahead.
 
-"pingpong" is FA3's inter-warpgroup schedule. The default for each (d, causal, dtype) is
-``BEST_SCHEDULE``, chosen from measured ablations. The first, for the build of 2026-11-30
-(TMA, persistent, the 16-byte-store epilogue; the geometric mean over the six sequence
-lengths, relative to serial; ``attention_schedules.json``):
+"pingpong" is FA3's inter-warpgroup schedule; "serial" stays as an experimental ablation
+option, never a default. The default for each (d, causal) is ``BEST_SCHEDULE``, chosen from
+measured ablations (``docs/design.md``; the runs are in ``docs/perf-log.md``). The first, for
+the build of 2026-11-30 (TMA, persistent, the 16-byte-store epilogue; the geometric mean over
+the six sequence lengths, relative to serial), still chose per dtype at d = 64:
 
     d    mask         dtype   overlap  pingpong  default then
     64   non-causal   fp16     1.05      1.04    overlap
@@ -148,8 +156,9 @@ lengths, relative to serial; ``attention_schedules.json``):
     256  non-causal   both     0.95-0.97 0.95-0.98  serial
     256  causal       both     0.97-1.00 0.97-0.99  serial
 
-Then the consumer itself changed (2026-12-01, ``attention_ab_builds.json``: each build timed
-against cuDNN in the same cells, one device call per ladder), and the ranking with it:
+Then the consumer itself changed (2026-12-01: each build timed against cuDNN in the same
+cells, one device call per ladder), and the ranking with it, until fp16 and bf16 chose
+alike:
 
 * The softmax's row max and row sum became balanced trees (``pairwise``): the same 31
   instructions per row, 5 deep instead of a 32-long chain (ptxas does not reassociate
@@ -163,12 +172,12 @@ against cuDNN in the same cells, one device call per ladder), and the ranking wi
   producer's one thread only issues copies). That made d = 256 with FA3's 80-key stages and
   overlap compile without spills, and it beat 64-key serial in all six non-causal cells
   (0.86-0.97x of cuDNN against 0.81-0.95x): d = 256 non-causal now runs that, causal stays
-  64-key serial (until session 10, below).
+  64-key serial (until the wait for P V moved, below).
 * FA3's 176-key stages at d = 128 compile too now, and lose (0.80-0.92x of cuDNN).
-* (Session 10.) "While P V runs" had never happened. ptxas (CUDA 13.0) moved the WGMMA wait
+* "While P V runs" had never happened. ptxas (CUDA 13.0) moved the WGMMA wait
   to the top of its basic block: the wait for P V, written after the softmax as FA3 writes
   it, landed right after the mask's branch, before the softmax. Only the SASS shows it (``nvdisasm`` on
-  ptxas's cubin; ``kernels.sass``): no MUFU.EX2 lay between the wait for S and the wait for
+  ptxas's cubin; ``build.sass``): no MUFU.EX2 lay between the wait for S and the wait for
   P V at any head dim, and at d = 256 ptxas also computed every exp2 twice. An empty-asm
   register fence (CUTLASS's ``warpgroup_fence_operand``) changes nothing, since ptxas sees
   no instruction. What works is a wait ptxas cannot hoist: at the top of the next
@@ -205,12 +214,11 @@ kernel timed twice differs by up to 9% (the last line of section 6).
 * a dynamic tile scheduler: FA3's persistent CTAs can take their next tile from an atomic
   counter, while this kernel's round robin is static, fixed at launch;
 * a TMA-store epilogue (this one stores 16 bytes per thread from registers, above);
-* cluster multicast of K/V as a default: FA3 pairs CTAs of neighbouring query blocks in a
-  cluster and multicasts each K/V block to both (06). ``cluster=2`` does that here too
-  (non-causal, opt-in: each CTA loads half of every K and V box and multicasts it, and each
-  consumer warp releases the stage in both CTAs). It is correct on the H200 but 1-5% slower
-  than one CTA (``attention_cluster.json``): ncu shows the L2 traffic it saves was not what
-  limited this kernel (``attention_profile_cells.json``);
+* cluster multicast of K/V: FA3 pairs CTAs of neighbouring query blocks in a cluster and
+  multicasts each K/V block to both (06). A version of it here (each CTA loading half of
+  every K and V box and multicasting it) was correct on the H200 but 2-5% slower than one
+  CTA: ncu showed the L2 traffic it saves was not what limited this kernel. FA3's L2
+  eviction hints on the loads measured slower too; both were removed (``docs/perf-log.md``);
 * FP8;
 * paged and variable-length KV;
 * the backward pass.
@@ -225,10 +233,9 @@ the async one. TMA zero-fills key rows past s_k. The cp.async producer writes ze
 rows there, and K's rows there are masked to -inf anyway.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-12-01,
-``python benchmarks/attention.py``, 05:27 UTC, session 11; the kernels are session 10's final
-build, whose 73 GPU tests passed then; cuDNN, tma and cp_async are the medians of a single
-pass and two alternating rounds, new in session 11). Section 6 of this
-script prints this from the JSON.
+``python benchmarks/attention.py``, 05:27 UTC; the GPU tests of that build passed then;
+cuDNN, tma and cp_async are the medians of a single pass and two alternating rounds).
+Section 6 of this script prints this from the JSON.
 
     == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-12-01)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d;
@@ -259,26 +266,27 @@ script prints this from the JSON.
     the tma column re-times the default kernel: 0.986x to 1.063x its ablation timing (median 1.011)
 
 Over the 72 cells the TMA kernel reaches a geomean 1.038 of cuDNN (1.029 from the single
-pass, which timed cuDNN first on a cooler card; session 10's grid 1.019, session 8's run of
-the build before the wait moved 0.992; 0.926 before the epilogue below). By sequence length
+pass, which timed cuDNN first on a cooler card; the grid before it 1.019, the build before
+the wait moved 0.992; 0.926 before the epilogue below). By sequence length
 it is 0.97 (512), 1.02 (1k), 1.04 (2k), 1.06 (4k), 1.07 (8k) and 1.07 (16k); by head dim and
 mask 0.98 / 0.98 (64), 1.03 / 1.08 (128) and 1.05 / 1.12 (256, non-causal / causal). At
 d = 128 and s >= 2k it runs at 1.021-1.128 of cuDNN, at or above it in all 16 cells (the
-single pass: 15, bf16 non-causal 16k at 0.998; another run of session 11: 15, fp16
-non-causal 4k at 0.989). The peak is 772 TFLOP/s, at d = 256. d = 64 is the weakest head dim
+single pass: 15, bf16 non-causal 16k at 0.998; another run: 15, fp16 non-causal 4k at
+0.989). The peak is 772 TFLOP/s, at d = 256. d = 64 is the weakest head dim
 (0.94-1.01): there the exp2s keep the MUFU pipe as busy as the GEMMs keep the tensor pipe,
-for cuDNN as well (``attention_profile_pipes.json``: 53% and 51%), and FlashAttention-4's
-way out, a share of the exp2s computed by a cubic on the FMA pipe (``exp2_fma``), is slower
-on the H200 (``attention_exp2_fma.json``).
+for cuDNN as well (Nsight Compute: 53% and 51%), and FlashAttention-4's way out, a share
+of the exp2s computed by a cubic on the FMA pipe, measured slower on the H200 (the cubic's
+FMA and ALU instructions cost more issue slots than MUFU saves) and was removed
+(``docs/perf-log.md``).
 
 What closed most of the gap at short sequences was the epilogue. Nsight Compute's source
-counters (``attention_sass.json``, d = 128, s = 512) put a quarter of the consumers' stall
+counters (d = 128, s = 512) put a quarter of the consumers' stall
 samples in the old epilogue, which wrote O with d / 2 four-byte stores per thread: the stores
 queued in the LSU, and the next tile's first instruction waited for them to read their
 registers. Now the four threads of a row swap their pairs with two butterfly shuffle steps
 (a 4 x 4 transpose inside each 32 columns), and each thread writes 8 contiguous columns with
 one 16-byte store. The epilogue's samples fell from 3,726 to 1,443, and the kernel's time at
-s = 512 from 155.6 to 134.7 us against cuDNN's 131.7 (``attention_profile.json``): the
+s = 512 from 155.6 to 134.7 us against cuDNN's 131.7 (``docs/perf-log.md``): the
 tensor pipe is busy 61% of the time against cuDNN's 62% (it was 52%).
 
 FlashAttention-3's d = 64 tile, 192 query rows for three consumer warpgroups
@@ -296,9 +304,9 @@ from pathlib import Path
 import numpy as np
 
 from cutetma import swizzle as hw
-from cutetma.kernels import gpu_unavailable
+from cutetma.kernels.build import gpu_unavailable
+from cutetma.kernels.smem import smem_capacity
 
-SMEM_BYTES = 227 * 1024  # the most dynamic shared memory one CTA may have on sm_90
 REGISTERS_PER_SM = 64 * 1024
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention.json"
 # (dtype, d, s, causal) cells of attention.json quoted in section 6 and the docstring
@@ -315,10 +323,11 @@ def heading(title: str) -> None:
 
 def shared_memory_plan() -> dict:
     """Bytes of each head dim's configuration (fp16), from ``AttentionConfig``'s defaults."""
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    from cutetma.kernels.attention import AttentionConfig
 
     heading("1. Shared memory: Q once per tile, then a K ring and a V ring of equal depth (fp16)")
     w = 2
+    smem = smem_capacity()  # the most shared memory one CTA may have on sm_90, from the DSL
     plans = {}
     print(f"{'d':>4} {'block_n':>7} {'Q (B)':>7} {'K+V stage (B)':>14} {'stages':>6} "
           f"{'in all (B)':>10} {'of 227 KiB':>10}")
@@ -330,7 +339,7 @@ def shared_memory_plan() -> dict:
         plans[d] = {"q": q, "kv": kv, "stages": cfg.stages, "total": total,
                     "block_n": cfg.block_n}
         print(f"{d:>4} {cfg.block_n:>7} {q:>7} {kv:>14} {cfg.stages:>6} {total:>10} "
-              f"{100 * total / SMEM_BYTES:>9.0f}%")
+              f"{100 * total / smem:>9.0f}%")
     print("'K+V stage' is one stage of the K ring plus one of the V ring: each ring has "
           "'stages' of them, each stage its own (full, empty) mbarrier pair")
     wide = 2 * 128 * 256 * w
@@ -339,7 +348,8 @@ def shared_memory_plan() -> dict:
           f"the next tile's Q during this one; measured 2.4% faster there): "
           f"{two_q.q_stages * two_q.block_m * 64 * w} B of Q, still {two_q.stages} K/V stages")
     print(f"d = 256 with 128-key stages: K + V of one key block is {wide} B, Q + 2 of them "
-          f"{128 * 256 * w + 2 * wide} B > {SMEM_BYTES}: hence 64-key stages")
+          f"{128 * 256 * w + 2 * wide} B > {smem}: hence {plans[256]['block_n']}-key "
+          "stages")
     group = hw.group_size(w, "128B")
     print(f"a row of d = 128 is {128 * w} B, wider than the 128-B swizzle span: each tile is "
           f"copied as {128 // group} boxes of {group} columns (tutorial 03)")
@@ -347,7 +357,7 @@ def shared_memory_plan() -> dict:
 
 
 def register_budget() -> None:
-    from cutetma.kernels.attention_sm90 import REGISTERS, WARPGROUP
+    from cutetma.kernels.attention import REGISTERS, WARPGROUP
 
     heading("2. setmaxnreg: the producer gives registers back, the consumers take them")
     for (load, consumers), (producer, consumer) in REGISTERS.items():
@@ -392,7 +402,7 @@ def online_softmax_check(lq: int = 128, lk: int = 1024, d: int = 64, bc: int = 1
 
 
 def key_blocks(m_block: int, s_q: int, s_k: int, bm: int, bn: int, causal: bool) -> int:
-    """The kernel's ``_key_blocks``: every key block, or (causal) up to the diagonal of the
+    """The kernel's ``scheduler.key_blocks``: every key block, or (causal) up to the diagonal of the
     query block's last row."""
     n = -(-s_k // bn)
     if causal:
@@ -402,7 +412,7 @@ def key_blocks(m_block: int, s_q: int, s_k: int, bm: int, bn: int, causal: bool)
 
 
 def needs_mask(j: int, first_row: int, s_q: int, s_k: int, bn: int, causal: bool) -> bool:
-    """The kernel's ``_mask`` test, per warpgroup: block j crosses s_k, or (causal) its last
+    """The kernel's ``masking.apply_mask`` test, per warpgroup: block j crosses s_k, or (causal) its last
     key lies past the diagonal of the warpgroup's first row."""
     needs = (j + 1) * bn > s_k
     if causal:
@@ -414,7 +424,7 @@ def kernel_order_check(s_q: int = 700, s_k: int = 1000, d: int = 64) -> float:
     """The kernel's bookkeeping in numpy: causal (bottom-right), the key-block count, the mask
     only where needed, and the "overlap" order (O += P_{j-1} V_{j-1} issued with S_j, O's
     rescale by c_{j-1} deferred to just before it), against the full causal softmax."""
-    from cutetma.kernels.attention_sm90 import AttentionConfig
+    from cutetma.kernels.attention import AttentionConfig
 
     cfg = AttentionConfig(head_dim=d, causal=True)
     bm, bn = cfg.block_m, cfg.block_n
@@ -483,13 +493,13 @@ def count(pattern: str, ptx: str) -> int:
 
 def compiled_kernel() -> dict:
     """The kernel compiled for sm_90a (no GPU): the three schedules, the two producers."""
-    from cutetma import kernels
-    from cutetma.kernels.attention_sm90 import WARPGROUP, AttentionConfig
+    from cutetma.kernels import build
+    from cutetma.kernels.attention import WARPGROUP, AttentionConfig
 
     heading("5. The kernel compiled for sm_90a, d = 128 non-causal (static counts in the PTX)")
-    ptx = {s: kernels.compile_attention(AttentionConfig(head_dim=128, schedule=s)).ptx
+    ptx = {s: build.compile_attention(AttentionConfig(head_dim=128, schedule=s)).ptx
            for s in ("serial", "overlap", "pingpong")}
-    ptx["cp_async"] = kernels.compile_attention(AttentionConfig(head_dim=128,
+    ptx["cp_async"] = build.compile_attention(AttentionConfig(head_dim=128,
                                                                 load="cp_async")).ptx
     cfg = AttentionConfig(head_dim=128)
     qk, pv = cfg.head_dim // 16, cfg.block_n // 16
@@ -515,7 +525,7 @@ def compiled_kernel() -> dict:
         ("cp.async.mbarrier.arrive.noinc", r"cp\.async\.mbarrier\.arrive\.noinc"),
         ("fence.proxy.async (cp.async -> WGMMA)", r"fence\.proxy\.async"),
         ("mbarrier.init (Q pair; K, V rings)", r"mbarrier\.init"),
-        ("st.global (O pairs, then the LSE)", r"st\.global"),
+        ("st.global (O's 16-byte chunks, the LSE)", r"st\.global"),
         ("TMA store", r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"),
         ("multicast", r"multicast::cluster"),
     ]
@@ -532,8 +542,8 @@ def compiled_kernel() -> dict:
           f"ring and again in the V ring: 2 + 2 x {2 * cfg.stages} = {2 + 4 * cfg.stages}")
     o_regs = 64 * cfg.head_dim // WARPGROUP
     print(f"st.global: a thread holds {o_regs} fp32 values of O (64 x {cfg.head_dim} over 128 "
-          f"threads), stored as {o_regs // 2} 4-byte pairs of adjacent columns, plus the LSE of "
-          f"its 2 rows (one thread in 4 stores it): {o_regs // 2 + 2}")
+          f"threads), stored after the quad transpose as {o_regs // 8} 16-byte chunks of 8 "
+          f"columns, plus the LSE of its 2 rows (one thread in 4 stores it): {o_regs // 8 + 2}")
     for name, text in (("tma", tma_ptx), ("cp_async", cpa_ptx)):
         regs = re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", text)
         print(f"setmaxnreg ({name}): " + ", ".join(f"{op} {n}" for op, n in regs))
@@ -543,7 +553,7 @@ def compiled_kernel() -> dict:
 
 def measured() -> str:
     """What the H200 measured, read from benchmarks/results/attention.json."""
-    from cutetma.kernels.attention_sm90 import BEST_SCHEDULE
+    from cutetma.kernels.attention import BEST_SCHEDULE
 
     if not RESULTS.exists():
         heading("6. Measured on the H200")
@@ -585,7 +595,7 @@ def measured() -> str:
           "one CTA per tile")
     for d, s, causal in ABLATION_CELLS:
         r = by_cell[("float16", d, s, causal)]
-        best = BEST_SCHEDULE[(d, causal, "float16")]
+        best = BEST_SCHEDULE[(d, causal)]
         cols = [f"{r['tma_' + x]:4.0f}{'*' if x == best else ' '}"
                 for x in ("serial", "overlap", "pingpong")]
         print(f"  d={d:>3} s={s:>5} {mask[causal]:<10} " + " / ".join(cols)
@@ -605,7 +615,7 @@ def measured() -> str:
         gains = [g for dd, g in alt if dd == d]
         print(f"d = {d}: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: "
               f"{min(gains):.2f}x to {max(gains):.2f}x")
-    repeat = sorted(single(r) / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"], r["dtype"])]]
+    repeat = sorted(single(r) / r["tma_" + BEST_SCHEDULE[(r["d"], r["causal"])]]
                     for r in rows if r.get("tma_serial"))
     print(f"the tma column re-times the default kernel: {repeat[0]:.3f}x to {repeat[-1]:.3f}x "
           f"its ablation timing (median {float(np.median(repeat)):.3f})")

@@ -43,21 +43,24 @@ call, and a CUDA graph replays correctly (tests/test_gemm_gpu.py checks both).
 **What it costs.** A cut unit's hand-over (16-byte partial stores, a gpu-scope fence, the
 ticket or flag, the last unit's loads) measured 8 us at two slices and 11-13 us at three on
 the H200: latency while both consumer warpgroups wait, not bandwidth. So cutting pays only
-where a wave's tail is long: ``ops.grid_time`` models waves x (k-tiles per unit + hand-over)
-x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``ops.AUTO_TILES``: 128 x 256,
+where a wave's tail is long: ``cutetma.tuning.gemm.grid_time`` models waves x (k-tiles per unit + hand-over)
+x the tile's k-tile time, and ``cutetma.gemm`` picks the tile (``AUTO_TILES``: 128 x 256,
 192, 160, 128, and 64 x 128 for outputs of a few tiles) and slices it predicts fastest; at
 M <= 512 an unsplit 128 x 256 narrows to the width with as many waves (128 x 224 at
 256 x 14336), and at 128 < M <= 512 it may instead put 128 x 128 tiles, or the narrowest
 (64-112 wide) that fill one wave, as cuBLAS does, in (2, 1) clusters that multicast B, which
-cuts each SM's loads by a quarter (``ops.multicast_tile``; section 4 lists a few choices).
+cuts each SM's loads by a quarter (``multicast_tile``; section 4 lists a few choices).
 A fitted tile needs no hand-over at all, so
 it wins wherever one exists (512 x 5120 x 5120: 0.77 -> 1.0x cuBLAS); K is cut where no
 width fits (N = 512 or 1536), and there the 64-row tiles narrow too, to the width that makes
 as many waves of units (64 x 96 at N = 1536: 0.88 -> 0.96x cuBLAS at M = 256 and 512, in
-(2, 1) clusters where K is cut, ``ops.small_tile_cluster``).
+(2, 1) clusters where K is cut, ``small_tile_cluster``).
 
-Kernel: ``cutetma.kernels.gemm_sm90``; entry point ``cutetma.gemm(a, b, split_k=...,
-stream_k=...)`` (no options: the model's choice). ``benchmarks/gemm.py --every`` records
+Kernel: ``cutetma.kernels.gemm_sm90``; entry point ``cutetma.gemm(a, b)`` (the model's
+choice, ``cutetma.select_gemm_config(m, n, k)``), or ``cutetma.gemm(a, b,
+config=select_gemm_config(m, n, k, tile=..., split_k=...))`` to cut K yourself
+(``stream_k=True``: the experimental stream-K schedule, which the model never picks). The
+model's functions live in ``cutetma.tuning.gemm``. ``benchmarks/gemm.py --every`` records
 every candidate per cell.
 
 Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1,
@@ -83,9 +86,12 @@ from pathlib import Path
 import torch
 from _common import graph_time_ms  # tutorials/_common.py: CUDA-graph replays, CUDA events
 
-from cutetma import kernels, ops
-from cutetma.kernels import gpu_unavailable
-from cutetma.kernels.gemm_sm90 import GemmConfig, stream_k_unit
+from cutetma.kernels import build
+from cutetma.kernels.build import gpu_unavailable
+from cutetma.kernels.gemm_config import GemmConfig
+from cutetma.kernels.gemm_sm90 import stream_k_unit
+from cutetma.tuning import gemm as model
+from cutetma.tuning.gemm import select_gemm_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SM_COUNT = 132
@@ -105,7 +111,7 @@ def waves() -> float:
         line = f"{m:>6} x {n:<6}"
         for w in widths:
             tiles = -(-m // 128) * -(-n // w)
-            filled = ops.wave_efficiency(m, n, (128, w), SM_COUNT)
+            filled = model.wave_efficiency(m, n, (128, w), SM_COUNT)
             if w == 256:  # the usual tile: how idle it leaves the card
                 worst = min(worst, filled)
             line += f"{tiles:>14} {filled:>7.0%}"
@@ -154,7 +160,7 @@ def the_ptx() -> dict:
     heading("3. The hand-over in the PTX (static counts)")
     variants = {"whole tiles": GemmConfig(), "split_k=3": GemmConfig(split_k=3),
                 "stream_k": GemmConfig(stream_k=True)}
-    ptx = {name: kernels.compile_gemm(cfg).ptx for name, cfg in variants.items()}
+    ptx = {name: build.compile_gemm(cfg).ptx for name, cfg in variants.items()}
     print(f"{'':<20}" + "".join(f"{name:>13}" for name in variants))
     counts = {}
     for role, pattern in HAND_OVER:
@@ -164,8 +170,7 @@ def the_ptx() -> dict:
 
 
 def describe(shape) -> str:
-    cfg = ops._gemm_config(shape[0], shape[1], "tma", None, None, SM_COUNT, split_k=None,
-                           k=shape[2])
+    cfg = select_gemm_config(*shape, sm_count=SM_COUNT)
     sliced = f"{cfg.split_k} slices, {cfg.split_sum}" if cfg.split_k > 1 else "whole K"
     return (f"{cfg.tile_m}x{cfg.tile_n} {cfg.schedule}, {sliced}, cluster "
             f"{cfg.cluster_m}x{cfg.cluster_n}")
@@ -175,11 +180,11 @@ def the_model() -> str:
     heading("4. The model cutetma.gemm chooses by, and the H200's winners")
     m, n, k = SHAPE
     print(f"grid_time of {m}x{n}x{k} (k-tile times of a 128x256 tile; lower is better):")
-    for tile in ops.AUTO_TILES:
-        times = {s: ops.grid_time(m, n, k, tile, s, SM_COUNT) for s in (1, 2, 3, 4)}
+    for tile in model.AUTO_TILES:
+        times = {s: model.grid_time(m, n, k, tile, s, SM_COUNT) for s in (1, 2, 3, 4)}
         print(f"  {tile[0]}x{tile[1]}: " + ", ".join(f"{s} slice(s) {t:.0f}"
                                                     for s, t in times.items()))
-    tile, split = ops.auto_tile_and_split(m, n, k, SM_COUNT)
+    tile, split = model.auto_tile_and_split(m, n, k, SM_COUNT)
     print(f"  chosen: {tile[0]}x{tile[1]}, split_k={split}")
     print("what cutetma.gemm(a, b) runs with no options (tile, slices, how they meet, cluster):")
     for shape in [(8192, 8192, 8192), SHAPE, (2048, 512, 5120), (256, 512, 5120),
@@ -202,7 +207,7 @@ def the_model() -> str:
         if row["M"] < 256 or best.get("stream_k") or best.get("schedule"):
             continue
         total += 1
-        chosen = ops.auto_tile_and_split(row["M"], row["N"], row["K"], SM_COUNT)
+        chosen = model.auto_tile_and_split(row["M"], row["N"], row["K"], SM_COUNT)
         agree += (tuple(best["tile"]), best.get("split_k", 1)) == chosen
     print(f"gemm.json: the model picks the measured fastest (tile, slices) in {agree} of "
           f"{total} cells with M >= 256")
@@ -256,8 +261,7 @@ def cublas_choices() -> str:
             continue
         n_tile, m_tile = kernel["tile"]  # cuBLAS's (its M, its N) = our (N, M)
         tiles = -(-row["M"] // m_tile) * -(-row["N"] // n_tile)
-        cfg = ops._gemm_config(row["M"], row["N"], "tma", None, None, SM_COUNT, split_k=None,
-                               k=row["K"])
+        cfg = select_gemm_config(row["M"], row["N"], row["K"], sm_count=SM_COUNT)
         ours = -(-row["M"] // cfg.tile_m) * -(-row["N"] // cfg.tile_n) * cfg.split_k
         fitted += n_tile % 32 != 0 or n_tile > 256
         if row["N"] in (5120, 6144, 14336, 10240) and row["K"] in (4096, 5120, 8192):
@@ -272,9 +276,8 @@ def cublas_choices() -> str:
 
 
 def on_the_gpu() -> str:
-    import torch
-
-    from cutetma import ops as torch_ops
+    import cutetma
+    from cutetma.reference import gemm_ref
 
     torch.backends.cuda.matmul.allow_tf32 = False
     m, n, k = SHAPE
@@ -282,16 +285,18 @@ def on_the_gpu() -> str:
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-    ref = torch_ops.gemm_ref(a, b)
+    ref = gemm_ref(a, b)
     torch_err = ((a @ b.T).float() - ref).abs().max().item()
     flops = 2 * m * n * k
-    runs = {
-        "torch.matmul (cuBLAS)": lambda: a @ b.T,
-        "whole tiles 128x256": lambda: torch_ops.gemm(a, b, tile=(128, 256), split_k=1),
-        "split_k=3": lambda: torch_ops.gemm(a, b, tile=(128, 256), split_k=3),
-        "stream_k": lambda: torch_ops.gemm(a, b, tile=(128, 256), stream_k=True),
-        "cutetma.gemm default": lambda: torch_ops.gemm(a, b),
+    configs = {  # 128 x 256 tiles: whole, K cut in 3 slices, stream-K (experimental)
+        "whole tiles 128x256": select_gemm_config(m, n, k, tile=(128, 256), split_k=1),
+        "split_k=3": select_gemm_config(m, n, k, tile=(128, 256), split_k=3),
+        "stream_k": select_gemm_config(m, n, k, tile=(128, 256), stream_k=True),
     }
+    runs = {"torch.matmul (cuBLAS)": lambda: a @ b.T}
+    runs.update({name: lambda cfg=cfg: cutetma.gemm(a, b, config=cfg)
+                 for name, cfg in configs.items()})
+    runs["cutetma.gemm default"] = lambda: cutetma.gemm(a, b)
     tflops = {}
     for name, fn in runs.items():
         err = (fn().float() - ref).abs().max().item()

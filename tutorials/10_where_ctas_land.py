@@ -34,15 +34,17 @@ takes 20.4 us instead of 23.6 (cuBLAS 19.7). At 8192^3-like shapes the same orde
 a wave of 132 tiles then spans all of A (64 MB), more than the 50 MB L2 keeps for the next
 wave, so DRAM reads triple. ``cutetma.gemm`` therefore takes the order with the fewest
 modelled L2 sectors among those that read no more from DRAM than the default
-(``cutetma.placement.choose_raster``, section 4), on the placement it probes on the card it
-runs on (once per process; a chip's floorsweeping decides its GPCs). From M = 512 it goes
-one step further and deals each wave's tiles from a table (``GemmConfig.order_table``), so
-that one GPC's CTAs get a compact block: at the card's power cap that was 1-2% faster over
-the grid's large shapes (session 20). The order only moves tiles between CTAs: every tile is
-computed whatever the probe said.
+(``cutetma.tuning.placement.choose_raster``, section 4), on the placement it probes on the
+card it runs on (``cutetma.runtime.placement``, once per process; a chip's floorsweeping
+decides its GPCs). From M = 256 (whole tiles) it goes one step further and deals each wave's
+tiles from a table (``GemmConfig.order_table``), so that one GPC's CTAs get a compact block:
+at the card's power cap that was 1-2% faster than the placed band over the grid's large
+shapes (``docs/design.md``, "CTA placement and the order table"). The order only moves tiles
+between CTAs: every tile is computed whatever the probe said.
 
 Kernel: ``cutetma.kernels.gemm_sm90`` (``GemmConfig.raster_swizzle`` / ``raster_along_m``);
-the model: ``cutetma.placement``; the measurements: ``benchmarks/sm_placement.py``,
+the model: ``cutetma.tuning.placement`` (pure, runs anywhere); the probe and the order
+``cutetma.gemm`` runs: ``cutetma.runtime.placement``; the measurements: ``benchmarks/sm_placement.py``,
 ``benchmarks/gemm_profile.py --compare`` and ``benchmarks/gemm_kernel_times.py``.
 """
 
@@ -55,9 +57,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import graph_time_ms  # tutorials/_common.py: CUDA-graph replays, CUDA events
 
-from cutetma import placement
-from cutetma.kernels import gpu_unavailable
-from cutetma.kernels.gemm_sm90 import GemmConfig
+from cutetma.kernels.build import gpu_unavailable
+from cutetma.kernels.gemm_config import GemmConfig
+from cutetma.tuning import placement
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 MERGED = "lrc__request_sectors_op_read_coalescing_achieved_type_"
@@ -155,19 +157,21 @@ def on_the_gpu() -> None:
         return
     import torch
 
-    from cutetma import ops
+    import cutetma
+    from cutetma.reference import gemm_ref
+    from cutetma.runtime import placement as card  # the probe, and the order gemm runs
 
-    gpcs = placement.sm_gpcs(0)
+    gpcs = card.sm_gpcs(0)
     named = sum(1 for g in set(gpcs) if gpcs.count(g) > 1)  # GPCs; the rest single SMs
     print(f"  {named} GPCs; CTA -> GPC of a {len(gpcs)}-CTA grid:",
-          gpc_line(placement.cta_gpcs(1, len(gpcs)), named))
+          gpc_line(card.cta_gpcs(1, len(gpcs)), named))
     a = torch.randn(2048, 5120, device="cuda", dtype=torch.float16)
     b = torch.randn(512, 5120, device="cuda", dtype=torch.float16)
-    ref = ops.gemm_ref(a, b, True)
-    with placement.switched_off():
-        default = graph_time_ms(lambda: ops.gemm(a, b))
-    placed_out = ops.gemm(a, b)
-    placed = graph_time_ms(lambda: ops.gemm(a, b))
+    ref = gemm_ref(a, b)
+    with card.switched_off():
+        default = graph_time_ms(lambda: cutetma.gemm(a, b))
+    placed_out = cutetma.gemm(a, b)
+    placed = graph_time_ms(lambda: cutetma.gemm(a, b))
     cublas = graph_time_ms(lambda: a @ b.T)
     err = (placed_out.float() - ref).abs().max().item()
     print(f"  default order {default * 1e3:.1f} us, cutetma.gemm's order (here the table) "

@@ -1,7 +1,7 @@
 """Figure 4 of the seed paper: TMA vs cp.async (LDGSTS) latency and sustained bandwidth,
 against bytes in flight per SM.
 
-    source .gpu/prelude.sh && python benchmarks/paper/fig4.py [--quick] [--out DIR]
+    python benchmarks/paper/fig4.py [--quick] [--out DIR]
 
 (a) single-shot latency: ``SingleShotLatency``, one load per CTA, one CTA per SM on every SM
     (and, as extra rows, a lone CTA), timed in the kernel from issue to the mbarrier's

@@ -1,7 +1,7 @@
 """Figure 6 (a) of the seed paper: redundant unicast vs TMA multicast, runtime per iteration
 of a cluster of N CTAs that all need the same tile, N = 2, 4, 8, 16.
 
-    source .gpu/prelude.sh && python benchmarks/paper/fig6.py [--quick] [--out DIR]
+    python benchmarks/paper/fig6.py [--quick] [--out DIR]
 
 ``ClusterBroadcast`` with ``load`` = ``tma`` (every CTA its own unicast TMA of the whole
 tile; CTA-local barriers only), ``tma_multicast`` (the paper's arm: the leader waits for all

@@ -1,7 +1,7 @@
 """Figure 6 (b) of the seed paper: L2 read sectors of redundant unicast vs TMA multicast,
 read with Nsight Compute, N = 2, 4, 8, 16.
 
-    source .gpu/prelude.sh && python benchmarks/paper/fig6_l2.py [--quick] [--out DIR]
+    python benchmarks/paper/fig6_l2.py [--quick] [--out DIR]
     python benchmarks/paper/fig6_l2.py --resummarize benchmarks/results/paper_fig6_l2.json
 
 Runs itself under ``ncu --clock-control none`` (counters only; the runtimes are Figure 6 (a),

@@ -1,7 +1,7 @@
 """Figure 7 of the seed paper: DSM broadcast vs TMA multicast, slowdown of DSM per cluster
 size N = 2, 4, 8, 16 and tile size (20 sizes, 1 KiB .. 56 KiB).
 
-    source .gpu/prelude.sh && python benchmarks/paper/fig7.py [--quick] [--out DIR]
+    python benchmarks/paper/fig7.py [--quick] [--out DIR]
 
 ``ClusterBroadcast`` with ``load`` = ``tma_multicast`` (the leader multicasts each tile to
 all N CTAs once they released the stage) and ``dsm`` (the leader loads the tile by unicast

@@ -1,10 +1,10 @@
 """The seed paper's microbenchmarks (Figures 4, 6 and 7) on one Hopper GPU, one command.
 
-    source .gpu/prelude.sh && python benchmarks/paper/run_all.py --out $OUT [--quick]
+    python benchmarks/paper/run_all.py --out benchmarks/results [--quick]
 
 Runs ``fig4.py``, ``fig6.py``, ``fig7.py`` and ``fig6_l2.py`` (Figure 6 (b), Nsight Compute
 counters; needs ``ncu``), each in its own process under a time limit (a hung kernel costs one
-figure, not the session; every figure rewrites its JSON as it goes, so a figure that is
+figure, not the run; every figure rewrites its JSON as it goes, so a figure that is
 stopped keeps what it measured), then ``summarize.py``. Writes ``paper_fig4.json`` /
 ``.png``, ``paper_fig6.*``, ``paper_fig7.*`` and ``paper_fig6_l2.*`` into --out (default
 ``benchmarks/results``). ``--in-process`` runs the figures in this process instead.

@@ -1,34 +1,52 @@
 """``cutetma`` on the command line: ask the TMA model where bytes land, in text, JSON or PNG.
 
 Flow: argv -> argparse (``build_parser``; every argument is validated by the model's own
-lookups, ``swizzle.mode`` and ``swizzle.dtype_bytes``) -> one ``run_*`` function per
+lookups, ``swizzle.mode`` and ``swizzle.dtype_bytes``, and sizes are bounded by what one TMA
+box holds, so no answer can grow without limit) -> one ``run_*`` function per
 subcommand -> ``cutetma.swizzle`` computes -> ``cutetma.viz.text`` words it for stdout,
 ``json`` serialises it, ``cutetma.viz.png`` draws it.
 
-    cutetma swizzle map     --mode 128B --dtype fp16 --box 8x64 [--json] [--png FILE]
+    cutetma swizzle map     --mode 128B --dtype fp16 --box 8x64 [--json] [--png FILE.png]
     cutetma swizzle banks   --mode 128B --dtype fp16 --row-bytes 256 --column 0 --rows 0-7
-                            (--grouped | --ungrouped) [--json] [--png FILE]
+                            (--grouped | --ungrouped) [--json] [--png FILE.png]
     cutetma swizzle figures --out DIR
     cutetma swizzle html    --out FILE          (the interactive explorer, one file)
     cutetma swizzle hardware [--quick] [--out DIR]   (GPU: hardware vs model vs CuTe)
-    cutetma tour            [--out DIR]
+    cutetma tour            [--out DIR]         (default DIR: ./cutetma-tour)
+    cutetma --version
 
-Every user mistake -- an argparse complaint or a ``ValueError`` naming the TMA rule the
-model refuses -- becomes exactly one ``cutetma: error: ...`` line on stderr and exit code 2.
+Every user mistake -- an argparse complaint, a ``ValueError`` naming the TMA rule the model
+refuses, an output path that cannot be written -- becomes exactly one ``cutetma: error: ...``
+line on stderr and exit code 2. Output paths are checked before anything is computed: no
+folder is created except the one ``figures`` / ``tour`` / ``hardware --out`` names (and that
+one is announced), no file is written anywhere but where it was asked to go, and every file
+written is named on the way out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
-from cutetma import swizzle
+from cutetma import __version__, swizzle
 from cutetma.viz import text
 
 USAGE_ERROR = 2
+# Bounds that keep every answer small: a TMA box dimension holds at most MAX_BOX_DIM (256)
+# elements, so the bank analysis reads at most that many rows of at most MAX_ROW_BYTES (the
+# widest grouped tile: 256 groups of a 128-B span).
+MAX_ROWS = swizzle.MAX_BOX_DIM
+MAX_ROW_BYTES = swizzle.MAX_BOX_DIM * swizzle.mode("128B").span
+# options whose value may start with '-' (argparse would take "-8x64" for an option)
+VALUE_OPTIONS = ("--box", "--rows", "--row-bytes", "--column")
+TOUR_OUT = "cutetma-tour"
 
 # The chapter's three worked examples, shared by `swizzle figures` and `tour`.
 CHAPTER_MAP = {"mode": "128B", "dtype": "fp16", "rows": 8, "cols": 64}
@@ -61,18 +79,61 @@ def _argument_type(convert, name):
     return parse
 
 
+def _shown(value: str, limit: int = 24) -> str:
+    """A user's value, shortened if huge, for a one-line message."""
+    return value if len(value) <= limit else f"{value[:12]}...({len(value)} characters)"
+
+
+def _integer(digits: str, what: str, low: int, high: int, why: str = "") -> int:
+    """``digits`` as an int in ``low..high``; the message names ``what`` and the bound."""
+    sign = -1 if digits.startswith("-") else 1
+    magnitude = digits.lstrip("+-")
+    value = sign * int(magnitude) if len(magnitude) <= 9 else sign * 10**9  # no 10^5000
+    if value < low:
+        bound = {0: "non-negative", 1: "positive"}.get(low, f"at least {low}")
+        raise ValueError(f"{what} must be {bound}, got {_shown(digits)}")
+    if value > high:
+        raise ValueError(f"{what} must be at most {high}{why}, got {_shown(digits)}")
+    return value
+
+
+_BOX_WHY = f" (a TMA box dimension holds 1..{swizzle.MAX_BOX_DIM} elements)"
+
+
 def _box(value: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", value)
+    match = re.fullmatch(r"\s*([+-]?\d+)\s*[xX]\s*([+-]?\d+)\s*", value)
     if not match:
-        raise ValueError(f"box {value!r} is not ROWSxCOLS, e.g. 8x64")
-    return int(match[1]), int(match[2])
+        raise ValueError(f"box {_shown(value)!r} is not ROWSxCOLS, e.g. 8x64")
+    return (_integer(match[1], "box rows", 1, swizzle.MAX_BOX_DIM, _BOX_WHY),
+            _integer(match[2], "box columns", 1, swizzle.MAX_BOX_DIM, _BOX_WHY))
 
 
 def _row_range(value: str) -> range:
-    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
-    if not match or int(match[1]) > int(match[2]):
-        raise ValueError(f"rows {value!r} is not A-B with A <= B, e.g. 0-7")
-    return range(int(match[1]), int(match[2]) + 1)
+    match = re.fullmatch(r"\s*([+-]?\d+)\s*(?:-\s*([+-]?\d+)\s*)?", value)
+    if not match:
+        raise ValueError(f"rows {_shown(value)!r} is not A-B, e.g. 0-7")
+    why = f" (the rows of one TMA box: {MAX_ROWS} at most, 0-{MAX_ROWS - 1})"
+    first = _integer(match[1], "first row", 0, MAX_ROWS - 1, why)
+    last = _integer(match[2] or match[1], "last row", 0, MAX_ROWS - 1, why)
+    if first > last:
+        raise ValueError(f"rows {_shown(value)!r} is not A-B with A <= B, e.g. 0-7")
+    return range(first, last + 1)
+
+
+def _row_bytes(value: str) -> int:
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        raise ValueError(f"row bytes {_shown(value)!r} is not a whole number of bytes, e.g. 256")
+    why = " (256 groups of a 128-B swizzle span, the widest grouped TMA tile)"
+    n = _integer(value.strip(), "row bytes", 1, MAX_ROW_BYTES, why)
+    if n % swizzle.SECTOR_BYTES:
+        raise ValueError(f"row bytes must be a multiple of 16 (whole 16-byte sectors), got {n}")
+    return n
+
+
+def _column(value: str) -> int:
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        raise ValueError(f"column {_shown(value)!r} is not a 16-byte sector index, e.g. 0")
+    return _integer(value.strip(), "column", 0, MAX_ROW_BYTES // swizzle.SECTOR_BYTES - 1)
 
 
 def _dtype(value: str) -> str:
@@ -84,6 +145,77 @@ MODE = _argument_type(swizzle.mode, "mode")
 DTYPE = _argument_type(_dtype, "dtype")
 BOX = _argument_type(_box, "box")
 ROWS = _argument_type(_row_range, "rows")
+ROW_BYTES = _argument_type(_row_bytes, "row bytes")
+COLUMN = _argument_type(_column, "column")
+
+
+# --------------------------------------------------------------------------- output paths
+def _path_error(option: str, value, problem: str) -> UsageError:
+    return UsageError(f"{option} {value}: {problem}")
+
+
+def _check_folder(folder: Path, option: str, value) -> None:
+    """``folder`` must already exist and take new files: cutetma creates no parents."""
+    if not folder.exists():
+        raise _path_error(option, value, f"folder {folder} does not exist (cutetma creates "
+                                         f"no folders on the way; make it first)")
+    if not folder.is_dir():
+        raise _path_error(option, value, f"{folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _path_error(option, value, f"cannot write into {folder} (permission denied)")
+
+
+def output_file(value: str, option: str, suffix: str | None = None,
+                example: str = "out.html") -> Path:
+    """The file ``option`` names, checked before anything is computed: a name (not a folder)
+    in a folder that exists and is writable, ending in ``suffix`` if one is required (the
+    PNG writer would otherwise add or follow its own)."""
+    if not value or not value.strip():
+        raise _path_error(option, repr(value), "empty file name")
+    path = Path(value)
+    example = f"{value.rstrip('/' + os.sep)}/{'out' + suffix if suffix else example}"
+    if path.is_dir() or value.endswith(("/", os.sep)):
+        raise _path_error(option, value, f"is a folder; name a file in it, e.g. {example}")
+    if suffix and path.suffix.lower() != suffix:
+        raise _path_error(option, value, f"the file name must end in {suffix}")
+    _check_folder(path.parent, option, value)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise _path_error(option, value, "the file exists and cannot be overwritten")
+    return path
+
+
+def output_folder(value: str, option: str) -> tuple[Path, bool]:
+    """The folder ``option`` names and whether this call created it. Only that folder itself
+    may be created (its parent must exist); callers announce a creation."""
+    if not value or not value.strip():
+        raise _path_error(option, repr(value), "empty folder name")
+    path = Path(value)
+    if path.exists():
+        if not path.is_dir():
+            raise _path_error(option, value, "exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise _path_error(option, value, "cannot write into it (permission denied)")
+        return path, False
+    _check_folder(path.parent, option, value)
+    with writing(option, path):
+        path.mkdir()
+    return path, True
+
+
+@contextlib.contextmanager
+def writing(option: str, path):
+    """Report a write the operating system refuses (``/proc``, a full disk) as a user error."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise  # stdout's reader left (main handles it); not the file's fault
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise _path_error(option, path, f"cannot write: {reason}") from None
+
+
+def _say(message: str, *, to_stderr: bool = False) -> None:
+    print(message, file=sys.stderr if to_stderr else sys.stdout)
 
 
 # --------------------------------------------------------------------------- swizzle map
@@ -124,14 +256,19 @@ def sector_map_text(mode, dtype: str, rows: int, cols: int) -> str:
 
 def run_map(args) -> int:
     rows, cols = args.box
+    png_path = output_file(args.png, "--png", ".png") if args.png is not None else None
     if args.json:
-        print(json.dumps(sector_map_dict(args.mode, args.dtype, rows, cols)))
+        answer = json.dumps(sector_map_dict(args.mode, args.dtype, rows, cols))
     else:
-        print(sector_map_text(args.mode, args.dtype, rows, cols))
-    if args.png:
+        answer = sector_map_text(args.mode, args.dtype, rows, cols)
+    if png_path is not None:
         from cutetma.viz import png
 
-        png.plot_swizzle_map(args.mode, args.dtype, rows, cols, args.png)
+        with writing("--png", png_path):
+            png.plot_swizzle_map(args.mode, args.dtype, rows, cols, png_path)
+    print(answer)
+    if png_path is not None:
+        _say(f"wrote {png_path}", to_stderr=args.json)  # stdout stays pure JSON
     return 0
 
 
@@ -169,8 +306,15 @@ def bank_figure_title(mode, row_bytes: int, column: int, rows) -> str:
 
 
 def run_banks(args) -> int:
+    png_path = output_file(args.png, "--png", ".png") if args.png is not None else None
     reports = bank_reports(args.mode, args.row_bytes, args.column, args.rows)
     report = reports[args.grouped]
+    if png_path is not None:
+        from cutetma.viz import png
+
+        title = bank_figure_title(args.mode, args.row_bytes, args.column, args.rows)
+        with writing("--png", png_path):
+            png.plot_bank_sectors(reports[True], reports[False], png_path, title)
     if args.json:
         print(
             json.dumps(
@@ -188,11 +332,8 @@ def run_banks(args) -> int:
         layout = "grouped (3D box)" if args.grouped else "ungrouped (full row stride)"
         print(f"{args.mode.name} swizzle, {args.row_bytes}-B rows, {layout}")
         print(bank_text(report, swizzle.dtype_bytes(args.dtype), args.dtype, args.column))
-    if args.png:
-        from cutetma.viz import png
-
-        title = bank_figure_title(args.mode, args.row_bytes, args.column, args.rows)
-        png.plot_bank_sectors(reports[True], reports[False], args.png, title)
+    if png_path is not None:
+        _say(f"wrote {png_path}", to_stderr=args.json)  # stdout stays pure JSON
     return 0
 
 
@@ -204,18 +345,26 @@ def write_chapter_figures(out_dir) -> list[Path]:
     out = Path(out_dir)
     map_png, grouped_png, banks_png = (out / name for name in FIGURE_NAMES)
     reports = bank_reports(**CHAPTER_BANKS)
-    return [
-        png.plot_swizzle_map(**CHAPTER_MAP, path=map_png),
-        png.plot_grouped_box(**CHAPTER_GROUPED, path=grouped_png),
-        png.plot_bank_sectors(
-            reports[True], reports[False], banks_png, bank_figure_title(**CHAPTER_BANKS)
-        ),
-    ]
+    with writing("--out", out):
+        return [
+            png.plot_swizzle_map(**CHAPTER_MAP, path=map_png),
+            png.plot_grouped_box(**CHAPTER_GROUPED, path=grouped_png),
+            png.plot_bank_sectors(
+                reports[True], reports[False], banks_png, bank_figure_title(**CHAPTER_BANKS)
+            ),
+        ]
+
+
+def _announce_folder(path: Path, created: bool) -> None:
+    if created:
+        print(f"created folder {path}")
 
 
 def run_figures(args) -> int:
-    for path in write_chapter_figures(args.out):
-        print(path)
+    out, created = output_folder(args.out, "--out")
+    _announce_folder(out, created)
+    for path in write_chapter_figures(out):
+        print(f"wrote {path}")
     return 0
 
 
@@ -224,23 +373,41 @@ def run_html(args) -> int:
     """The chapter's three figures as one interactive, self-contained HTML page."""
     from cutetma.viz import html
 
-    print(html.write_html(args.out))
+    path = output_file(args.out, "--out")
+    with writing("--out", path):
+        html.write_html(path)
+    print(f"wrote {path}")
     return 0
 
 
 # --------------------------------------------------------------------------- tour
-def _tour_figures(args):
+@dataclasses.dataclass
+class TourLog:
+    """What the tour did, for its closing summary."""
+
+    out: Path
+    ran: list[str] = dataclasses.field(default_factory=list)
+    files: list[Path] = dataclasses.field(default_factory=list)
+    compiled: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    dsl_seconds: float = 0.0
+    status: int = 0
+
+
+def _tour_figures(args, log: TourLog):
     """The chapter's figures"""
-    for path in write_chapter_figures(args.out):
+    for path in write_chapter_figures(log.out):
+        log.files.append(path)
         print(f"wrote {path}")
 
 
-def _tour_map(args):
+def _tour_map(args, log: TourLog):
     """128B swizzle of an 8x64 fp16 box: physical sector = sector XOR row"""
     print(sector_map_text(**CHAPTER_MAP))
 
 
-def _tour_banks(args):
+def _tour_banks(args, log: TourLog):
     """Eight rows of one column, 256-B rows: why 128-B grouping matters"""
     for grouped, report in bank_reports(**CHAPTER_BANKS).items():
         layout = "grouped  " if grouped else "ungrouped"
@@ -249,8 +416,10 @@ def _tour_banks(args):
         )
 
 
-def _tour_algebra(args):
+def _tour_algebra(args, log: TourLog):
     """CuTe layout algebra vs the hardware model, byte for byte (the full sweep is in tests)"""
+    if not _load_dsl(log, "the layout-algebra check"):
+        return
     from cutetma import layouts
 
     cases = layouts.sweep_cases(rows=(8, 64))
@@ -268,56 +437,146 @@ def _tour_algebra(args):
           f"Swizzle<3,3,3> on elements: {trap.converted_matches}")
 
 
-def _tour_compile(args):
+def _build():
+    """``cutetma.kernels.build``: the compile helpers and the GPU check (imports no DSL)."""
+    from cutetma.kernels import build
+
+    return build
+
+
+def _showcase_kernels() -> list:
+    """The tour's kernels as ``(name, compile)`` pairs; ``compile()`` compiles one kernel for
+    sm_90a and returns the PTX instructions it issues. One pair per kernel, so the tour can
+    say which kernel it is compiling while it compiles."""
+    build = _build()
+    if hasattr(build, "showcase_kernels"):
+        return build.showcase_kernels()
+    # The same list as build.compile_showcase(), kernel by kernel.
+    from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.gemm_config import GemmConfig
+
+    def ops(compile_fn, *cfg):
+        return lambda: build.ptx_ops(compile_fn(*cfg).ptx)
+
+    pairs = [(name, ops(build.compile_probe, cfg))
+             for name, cfg in build.showcase_configs().items()]
+    pairs.append(("round trip tma load+store", ops(build.compile_round_trip, 2, "128B", 64, 64)))
+    pairs += [(name, ops(build.compile_gemm, cfg))
+              for name, cfg in (("gemm tma 128x256", GemmConfig()),
+                                ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
+                                ("gemm cp.async 128x256", GemmConfig(load="cp_async")))]
+    pairs += [(name, ops(build.compile_attention, cfg))
+              for name, cfg in (("attention d=128 tma", AttentionConfig()),
+                                ("attention d=128 cp.async", AttentionConfig(load="cp_async")))]
+    return pairs
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _load_dsl(log: TourLog, needed_by: str) -> bool:
+    """Import the CuTe DSL for sm_90a once, saying so while it takes its seconds; False (and
+    a skip in the log) where it cannot be imported."""
+    from cutetma import dsl
+
+    if "cutlass" in sys.modules:
+        dsl.cutlass()  # already loaded: only the arch check
+        return True
+    print("loading the CuTe DSL (sm_90a) ... ", end="", flush=True)
+    start = time.perf_counter()
+    try:
+        dsl.cutlass()
+    except (ImportError, dsl.DSLArchError) as exc:
+        print("not available")
+        log.skipped.append(f"{needed_by}: the CuTe DSL does not load ({_first_line(exc)})")
+        return False
+    log.dsl_seconds = time.perf_counter() - start
+    print(f"{log.dsl_seconds:.1f} s")
+    return True
+
+
+def _tour_compile(args, log: TourLog):
     """Data movement, GEMM and attention kernels compiled for sm_90a: instructions issued"""
-    from cutetma import kernels
+    if not _load_dsl(log, "the kernel compiles"):
+        return
+    try:
+        kernels = _showcase_kernels()
+    except Exception as exc:  # a broken install: say so in one line and let the tour go on
+        print(f"FAILED to list the kernels: {_first_line(exc)}")
+        log.failed.append("the kernel list")
+        log.status = 1
+        return
+    width = max(len(name) for name, _ in kernels)
+    for number, (name, compile_ops) in enumerate(kernels, 1):
+        # the name first, so a slow compile shows which kernel it is
+        print(f"[{number:>2}/{len(kernels)}] {name:<{width}}  ", end="", flush=True)
+        start = time.perf_counter()
+        try:
+            ops = compile_ops()
+        except Exception as exc:  # one broken kernel should not hide the others
+            print(f"FAILED after {time.perf_counter() - start:.1f} s: {_first_line(exc)}")
+            log.failed.append(name)
+            log.status = 1
+            continue
+        seconds = time.perf_counter() - start
+        log.compiled.append((name, seconds))
+        print(f"{seconds:5.1f} s  {', '.join(ops)}", flush=True)
 
-    for name, ptx_ops in kernels.compile_showcase():
-        print(f"{name:<30}  {', '.join(ptx_ops)}")
+
+def _gpu_unavailable() -> str | None:
+    return _build().gpu_unavailable()
 
 
-def _tour_hardware(args):
+def _tour_hardware(args, log: TourLog):
     """On the GPU: what the hardware wrote into shared memory vs the model"""
-    from cutetma import kernels
-
-    reason = kernels.gpu_unavailable()
+    reason = _gpu_unavailable()
     if reason:
+        log.skipped.append(f"the GPU step: {reason} (on an H200: `cutetma swizzle hardware`)")
         print(f"skipped: {reason} (run `cutetma swizzle hardware` on an H200)")
         return
-    run_hardware(argparse.Namespace(quick=True, out=None))
+    if run_hardware(argparse.Namespace(quick=True, out=None)):
+        log.status = 1
     import torch
 
-    from cutetma import ops
+    import cutetma
 
     a = torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3000, 4096, device="cuda", dtype=torch.bfloat16)
-    ref = ops.gemm_ref(a, b)
-    for load in ("tma", "tma_multicast", "cp_async"):
-        err = (ops.gemm(a, b, load=load).float() - ref).abs().max().item()
-        print(f"gemm 1000x3000x4096 bf16, load={load}: max |C - fp32 ref| = {err:.3g}")
-    from cutetma.kernels.attention_sm90 import attention_ref
-
+    ref = cutetma.gemm_ref(a, b)
+    multicast = cutetma.select_gemm_config(1000, 3000, 4096, cluster=(2, 1))
+    for label, how in (("load=tma", {"load": "tma"}),
+                       ("load=tma, cluster (2,1) multicast", {"config": multicast}),
+                       ("load=cp_async", {"load": "cp_async"})):
+        err = (cutetma.gemm(a, b, **how).float() - ref).abs().max().item()
+        print(f"gemm 1000x3000x4096 bf16, {label}: max |C - fp32 ref| = {err:.3g}")
     q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
-    ref, _ = attention_ref(q, k, v, causal=True)
+    ref, _ = cutetma.attention_ref(q, k, v, causal=True)
     for load in ("tma", "cp_async"):
-        err = (ops.attention(q, k, v, causal=True, load=load).float() - ref).abs().max().item()
+        out = cutetma.attention(q, k, v, causal=True, load=load)
+        err = (out.float() - ref).abs().max().item()
         print(f"attention 2x1000x8x128 bf16 causal GQA, load={load}: max |O - fp32 ref| = "
               f"{err:.3g}")
 
 
-# Each step takes the parsed args and prints its part; its docstring is its heading.
+# Each step takes the parsed args and the tour's log and prints its part; its docstring is
+# its heading, its name (without _tour_) its word in the summary.
 TOUR_STEPS = [_tour_figures, _tour_map, _tour_banks, _tour_algebra, _tour_compile,
               _tour_hardware]
 
 
 # --------------------------------------------------------------------------- hardware
 def run_hardware(args) -> int:
-    from cutetma import hardware, kernels, results
+    from cutetma import hardware, results
 
-    reason = kernels.gpu_unavailable()
+    reason = _gpu_unavailable()
     if reason:
         raise ValueError(f"swizzle hardware needs a Hopper GPU: {reason}")
+    if args.out:
+        out, created = output_folder(args.out, "--out")  # checked before the long sweep
+        _announce_folder(out, created)
     cases = hardware.hardware_cases(quick=args.quick)
     print(f"{'case':<44} {'model':>5} {'cute':>5} {'ctas':>5}")
 
@@ -331,22 +590,50 @@ def run_hardware(args) -> int:
     matched = sum(r["match"] for r in rows)
     print(f"{matched} of {len(rows)} cases match the model and the CuTe algebra byte for byte")
     if args.out:
-        print(f"wrote {results.write('hw_swizzle', rows, args.out)}")
+        with writing("--out", out):
+            path = results.write("hw_swizzle", rows, out)
+        print(f"wrote {path}")
     return 0 if matched == len(rows) else 1
 
 
+def _tour_summary(log: TourLog) -> None:
+    print("== summary")
+    print(f"ran: {', '.join(log.ran)}")
+    if log.compiled or log.failed:
+        total = sum(seconds for _, seconds in log.compiled)
+        failed = f"; FAILED: {', '.join(log.failed)}" if log.failed else ""
+        print(f"compiled: {len(log.compiled)} kernels for sm_90a in {total:.1f} s "
+              f"(the CuTe DSL took {log.dsl_seconds:.1f} s to load){failed}")
+    for skipped in log.skipped:
+        print(f"skipped: {skipped}")
+    names = ", ".join(path.name for path in log.files) or "none"
+    print(f"files: {len(log.files)} in {log.out.resolve()}/: {names}")
+
+
 def tour(args) -> int:
-    """Walk through the chapter: each of TOUR_STEPS in order."""
+    """Walk through the chapter: each of TOUR_STEPS in order, then what happened."""
+    out, created = output_folder(args.out, "--out")
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe, too
+    log = TourLog(out=out)
+    where = "created" if created else "exists"
+    print(f"cutetma tour: files go into {out.resolve()}/ ({where}; --out DIR to change)")
+    print()
     for number, step in enumerate(TOUR_STEPS, 1):
         print(f"== {number}. {step.__doc__}")
-        step(args)
+        skipped_before = len(log.skipped)
+        step(args, log)
+        if len(log.skipped) == skipped_before:
+            log.ran.append(step.__name__.removeprefix("_tour_"))
         print()
-    return 0
+    _tour_summary(log)
+    return log.status
 
 
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cutetma", description="Where TMA puts bytes in shared memory.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     swizzle_parser = commands.add_parser("swizzle", help="swizzle placement and bank conflicts")
@@ -358,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--dtype", type=DTYPE, required=True, help=", ".join(sorted(swizzle.DTYPE_BYTES))
         )
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
-        p.add_argument("--png", metavar="FILE", help="also draw a picture into FILE")
+        p.add_argument("--png", metavar="FILE.png", help="also draw a picture into FILE.png")
 
     map_parser = swizzle_commands.add_parser(
         "map", help="physical sector of every 16-byte sector of a 2D box"
@@ -369,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=BOX,
         required=True,
         metavar="ROWSxCOLS",
-        help="box in elements, inner dimension last, e.g. 8x64",
+        help=f"box in elements, inner dimension last, each 1..{swizzle.MAX_BOX_DIM}, e.g. 8x64",
     )
     map_parser.set_defaults(run=run_map)
 
@@ -379,20 +666,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_and_dtype(banks_parser)
     banks_parser.add_argument(
         "--row-bytes",
-        type=int,
+        type=ROW_BYTES,
         required=True,
         metavar="N",
-        help="tile row width in bytes, e.g. 256",
+        help=f"tile row width in bytes, a multiple of 16 up to {MAX_ROW_BYTES}, e.g. 256",
     )
     banks_parser.add_argument(
         "--column",
-        type=int,
+        type=COLUMN,
         required=True,
         metavar="C",
         help="16-byte sector column read in every row",
     )
     banks_parser.add_argument(
-        "--rows", type=ROWS, required=True, metavar="A-B", help="rows read, inclusive, e.g. 0-7"
+        "--rows", type=ROWS, required=True, metavar="A-B",
+        help=f"rows read, inclusive, within 0-{MAX_ROWS - 1}, e.g. 0-7",
     )
     layout = banks_parser.add_mutually_exclusive_group(required=True)
     layout.add_argument(
@@ -410,37 +698,74 @@ def build_parser() -> argparse.ArgumentParser:
     banks_parser.set_defaults(run=run_banks)
 
     figures_parser = swizzle_commands.add_parser("figures", help="write the chapter's PNGs")
-    figures_parser.add_argument("--out", required=True, metavar="DIR")
+    figures_parser.add_argument(
+        "--out", required=True, metavar="DIR",
+        help="folder for the PNGs (created if only it is missing, and said so)")
     figures_parser.set_defaults(run=run_figures)
 
     html_parser = swizzle_commands.add_parser(
         "html", help="write the chapter's three figures as one interactive HTML page"
     )
-    html_parser.add_argument("--out", required=True, metavar="FILE")
+    html_parser.add_argument("--out", required=True, metavar="FILE",
+                             help="the page to write, in a folder that exists")
     html_parser.set_defaults(run=run_html)
 
     hw_parser = swizzle_commands.add_parser(
         "hardware", help="(GPU) what the hardware writes vs the model and the CuTe algebra"
     )
     hw_parser.add_argument("--quick", action="store_true", help="one box per mode and width")
-    hw_parser.add_argument("--out", default="benchmarks/results", metavar="DIR",
-                           help="where hw_swizzle.json goes (default: benchmarks/results)")
+    hw_parser.add_argument("--out", metavar="DIR",
+                           help="also write the rows to DIR/hw_swizzle.json "
+                                "(e.g. benchmarks/results; default: print only)")
     hw_parser.set_defaults(run=run_hardware)
 
     tour_parser = commands.add_parser("tour", help="the chapter step by step")
     tour_parser.add_argument(
-        "--out", default="docs", metavar="DIR", help="where the figures go (default: docs)"
+        "--out", default=TOUR_OUT, metavar="DIR",
+        help=f"folder for the figures, created if only it is missing (default: ./{TOUR_OUT})",
     )
     tour_parser.set_defaults(run=tour)
     return parser
 
 
+def _attach_dash_values(argv: list[str]) -> list[str]:
+    """``--box -8x64`` -> ``--box=-8x64``: argparse takes a value starting with '-' for an
+    option; joined, it reaches the type check and gets a message about the number."""
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in VALUE_OPTIONS and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return joined
+
+
+def _error(message) -> int:
+    message = " ".join(str(message).split())
+    print(f"cutetma: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def main(argv=None) -> int:
+    argv = _attach_dash_values(list(sys.argv[1:] if argv is None else argv))
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help and --version print and stop: that is success
+            return exc.code if isinstance(exc.code, int) else 0
         return args.run(args)
     except (UsageError, ValueError) as exc:
         # ValueError is how cutetma.swizzle names a broken TMA rule: a user mistake too.
-        message = " ".join(str(exc).split())
-        print(f"cutetma: error: {message}", file=sys.stderr)
-        return USAGE_ERROR
+        return _error(exc)
+    except KeyboardInterrupt:
+        print("\ncutetma: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `cutetma ... | head`: the reader left; stop quietly, as other command-line tools do
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 141

@@ -4,7 +4,7 @@ and the CuTe algebra, byte for byte, for every mode x element width x 2D/3D box 
 Each case loads box (1, 1) of a random tensor whose shape is not a multiple of the box
 (so the descriptor's extents are real), through ``cutetma.smem_image``, and compares:
 
-* ``model``:   ``cutetma.swizzle`` placing the same box bytes (``ops.model_image``);
+* ``model``:   ``cutetma.swizzle`` placing the same box bytes (``swizzle.model_image``);
 * ``algebra``: the CuTe layout from ``cutetma.layouts`` placing them (pointer swizzle);
 * every CTA of a multicast / DSM cluster holds the same bytes.
 
@@ -65,7 +65,7 @@ def hardware_cases(quick: bool = False) -> list[HwCase]:
                         cases.append(HwCase(mode, w, rows, groups * g, True, load))
             if w == 2 or not quick:
                 for cluster in (2, 4):
-                    cases.append(HwCase(mode, w, 64, span // w, False, "tma_multicast", cluster))
+                    cases.append(HwCase(mode, w, 64, span // w, False, "tma", cluster))  # multicast
                     cases.append(HwCase(mode, w, 64, span // w, False, "dsm", cluster))
     return cases
 
@@ -108,7 +108,7 @@ def run_case(case: HwCase, seed: int = 0) -> dict:
         cols_total = case.cols + max(16 // w, case.cols // 2)
     pitch = -(-cols_total * w // 16) * 16 // w
     raw = torch.randint(0, 256, (rows_total, pitch * w), generator=gen, dtype=torch.uint8)
-    host = raw.view(ops._WIDTH_VIEW[w])[:, :cols_total]
+    host = raw.view({1: torch.uint8, 2: torch.float16, 4: torch.float32}[w])[:, :cols_total]
     x = host.cuda()
     image = ops.smem_image(x, (case.rows, case.cols), swizzle=case.mode, load=case.load,
                            tile=(1, 1), grouped=case.grouped, cluster=case.cluster)

@@ -420,3 +420,18 @@ def column_access_banks(
     else:
         dense = [r * row_bytes + column * SECTOR_BYTES for r in rows]
     return bank_report([int(a) for a in m.swizzle(dense)], rows)
+
+
+def model_image(box_data: np.ndarray, swizzle: str, grouped: bool = False) -> np.ndarray:
+    """What the model says the shared-memory bytes of ``box_data`` are (uint8): the image a
+    probe's dump is compared with (``grouped``: one 3D box of several swizzle-span groups)."""
+    box_data = np.ascontiguousarray(box_data)
+    if not grouped:
+        return smem_image(box_data, swizzle)
+    w = box_data.dtype.itemsize
+    rows, cols = box_data.shape
+    offsets = grouped_box_offsets(rows, cols, w, swizzle)
+    out = np.zeros(box_data.size * w, dtype=np.uint8)
+    src = box_data.reshape(-1).view(np.uint8).reshape(-1, w)
+    out[offsets.reshape(-1, 1) + np.arange(w)] = src
+    return out

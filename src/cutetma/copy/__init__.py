@@ -5,9 +5,10 @@
 * ``cpasync`` -- 16-byte cp.async (LDGSTS) tiled copies into the *same* swizzled layout:
                  the swizzle is applied in software through the same CuTe layout.
 * ``loader``  -- ``Loader``: the one interface kernels use, so the mechanism is a parameter
-                 (``load="tma" | "tma_multicast" | "cp_async"``) and never a copied kernel.
+                 (``load="tma" | "cp_async"``; multicast is a cluster, not a mechanism) and
+                 never a copied kernel.
 
 These are trace-time helpers: call them inside ``@cute.jit`` / ``@cute.kernel`` code.
 """
 
-LOAD_MECHANISMS = ("tma", "tma_multicast", "cp_async")
+LOAD_MECHANISMS = ("tma", "cp_async")

@@ -8,12 +8,14 @@ sees (the precedent: one ``TileLoader`` with a TMA and a cp.async implementation
                   count
     TMA           1        one thread: arrive +       one warp: cp.async.bulk     --
                            expect_tx(bytes)           .tensor ...complete_tx
-    TMA multicast 1        same (the whole box lands  each CTA its 1/N slice,     --
-                           in every CTA)              .multicast::cluster
+    TMA, with a   1        same (the whole box lands  each CTA its 1/N slice,     --
+    cluster mask           in every CTA)              .multicast::cluster
     cp.async      threads  --                         every thread: cp.async.cg   cp.async.mbarrier
                                                       16 B into the swizzled dst  .arrive.noinc
 
-Consumers wait on the barrier's phase the same way in every case.
+Consumers wait on the barrier's phase the same way in every case. The mechanism is named
+``"tma"`` or ``"cp_async"`` (``LOAD_MECHANISMS``); multicast is not a mechanism but a
+cluster: a TMA load given a CTA mask lands in every CTA of the mask.
 """
 
 import dataclasses
@@ -87,11 +89,9 @@ class _Loader:
 class TmaLoader(_Loader):
     """TMA: one elected thread arms the barrier with the stage's bytes, one warp issues."""
 
-    multicast: int = 1
-
     @property
     def mechanism(self) -> str:
-        return "tma_multicast" if self.multicast > 1 else "tma"
+        return "tma"
 
     def barrier_count(self, producer_threads: int) -> int:
         return 1
@@ -100,13 +100,13 @@ class TmaLoader(_Loader):
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bar, nbytes)
 
-    def load(self, atom, src, dst, bar, mcast_mask=None, cache_hint=None):
-        """``cache_hint``: an L2 eviction policy (``tma.EVICT_LAST``, ...) or None."""
-        hint = {} if cache_hint is None else {"cache_policy": cutlass.Int64(cache_hint)}
-        if self.multicast > 1:
-            cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mcast_mask, **hint)
+    def load(self, atom, src, dst, bar, mcast_mask=None):
+        """Issue one box (or this CTA's slice of it); with ``mcast_mask`` (a trace-time
+        choice: None or a CTA mask) it lands in every CTA of the mask."""
+        if mcast_mask is None:
+            cute.copy(atom, src, dst, tma_bar_ptr=bar)
         else:
-            cute.copy(atom, src, dst, tma_bar_ptr=bar, **hint)
+            cute.copy(atom, src, dst, tma_bar_ptr=bar, mcast_mask=mcast_mask)
 
     def commit(self, bar):
         pass
@@ -134,11 +134,10 @@ class CpAsyncLoader(_Loader):
         cute.arch.cp_async_mbarrier_arrive_noinc(bar)
 
 
-def make_loader(load: str, multicast: int = 1):
+def make_loader(load: str):
+    """The loader of mechanism ``load`` (``"tma"`` or ``"cp_async"``)."""
     check_mechanism(load)
-    if load == "cp_async":
-        return CpAsyncLoader()
-    return TmaLoader(multicast if load == "tma_multicast" else 1)
+    return CpAsyncLoader() if load == "cp_async" else TmaLoader()
 
 
 __all__ = ["TmaLoader", "CpAsyncLoader", "make_loader", "check_mechanism", "tma", "cpa"]

@@ -12,22 +12,12 @@ the host, the probe kernels check the hardware on the GPU).
   3D TMA moves a row wider than the swizzle span.
 * ``partition``: (shared, global) views of one CTA's share of a box: all of it, or its
   1/N slice when N CTAs multicast the box together.
-* ``EVICT_NORMAL`` / ``EVICT_FIRST`` / ``EVICT_LAST``: L2 eviction priorities a load may
-  carry (``cache_policy`` of ``cute.copy``; without one the DSL passes policy 0): data read
-  once (attention's Q) can go first, data many CTAs read again (its K / V) last.
 """
 
 from cutetma import dsl
 
 cutlass, cute = dsl.cutlass()
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
-
-# 64-bit L2 cache policies (the ``createpolicy.fractional`` encodings, fraction 1.0) a bulk
-# tensor copy takes as its ``.L2::cache_hint`` operand: evict_first and evict_last
-EVICT_NORMAL = 0x1000000000000000
-EVICT_FIRST = 0x12F0000000000000
-EVICT_LAST = 0x14F0000000000000
-POLICIES = {"normal": EVICT_NORMAL, "first": EVICT_FIRST, "last": EVICT_LAST}
 
 
 def load_atom(gmem, smem_layout, tiler, multicast: int = 1):

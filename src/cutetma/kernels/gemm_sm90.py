@@ -35,7 +35,7 @@ loader, TMA or cp.async; tiles, stages, swizzle, consumers and the epilogue are 
 whose rasterization band divides the grid (no phantom tiles); CTA i takes tiles i, i + grid,
 ... of its order, and since the card puts CTA i on a GPC of its own choosing and merges the
 identical loads of one GPC's SMs in front of the L2, ``cutetma.gemm`` picks the band for the
-card's placement (``cutetma.placement``).
+card's placement (``cutetma.tuning.placement``).
 
 When the output tiles fill the SMs' waves badly, K is cut: ``split_k`` slices every tile's K
 into equal work units (the last unit of a tile to finish sums all its slices' fp32 partials
@@ -52,8 +52,7 @@ the hand-over differ::
 Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
 B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64 to 384
 (past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole), K-tile 64;
-cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only; either
-may be left to each CTA, ``multicast_a`` / ``multicast_b``); K and
+cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only); K and
 the contiguous dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K
 need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
 ``pytest tests/test_gemm_ptx.py``.
@@ -61,12 +60,12 @@ need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
 
 from __future__ import annotations
 
-import dataclasses
-
 from cutetma import dsl
 from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
+from cutetma.kernels.barriers import GemmBarrier
+from cutetma.kernels.gemm_config import GemmConfig, mma_n
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
@@ -75,253 +74,10 @@ from cuda.bindings import driver as cuda  # noqa: E402
 from cutlass import pipeline  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
-SMEM_CAPACITY = 227 * 1024
 WARPGROUP = 128
-SM_COUNT = 132  # H200 / H100 SXM; the host passes the real count when it has a GPU
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    """Static choices; hashable, so it keys the compile cache."""
-
-    tile_m: int = 128
-    tile_n: int = 256
-    tile_k: int = 64
-    cluster_m: int = 1
-    cluster_n: int = 1
-    load: str = "tma"  # "tma" or "cp_async"; clusters > 1 multicast (TMA only)
-    stages: int | None = None  # None: as many as shared memory holds
-    raster_swizzle: int = 8  # clusters per rasterization band (L2 reuse)
-    # the band's direction: True walks a band of ``raster_swizzle`` clusters along N, then
-    # the next M (consecutive clusters share A); False a band along M, then the next N
-    raster_along_m: bool = True
-    # epilogue sub-tile width; None: 32, or 16 where the tile's width is an odd multiple of 16
-    epi_n: int | None = None
-    # shared-memory buffers of epilogue sub-tiles (pingpong: half for each warpgroup); None:
-    # 4, or 2 where that leaves room for one more mainloop stage (``epi_buffers``)
-    epi_stages: int | None = None
-    # "cooperative": both consumer warpgroups share each tile (64 rows each);
-    # "pingpong": each owns whole tiles (64 or 128 rows, at most 128x128 or 64x256 for its
-    # registers), alternately, so one's epilogue hides under
-    # the other's WGMMAs (named barriers hand the tensor cores back and forth)
-    schedule: str = "cooperative"
-    # split-K: each output tile's K range is cut into this many slices, each a work unit of
-    # its own (more units in flight when M x N has too few tiles). Every unit leaves its fp32
-    # partial in a workspace slot and takes a ticket from its tile's counter; the last to
-    # arrive sums all the partials and stores the tile (nobody waits, so no unit can
-    # block another: see ``_split_k_finish``).
-    split_k: int = 1
-    # how split-K's partials meet. "ordered": each unit stores its fp32 partial in a slot of
-    # its own and the last to arrive reads every slot and sums them in slot order (the same
-    # bits whichever unit arrives last; the last unit reads split_k tiles through one SM).
-    # "atomic": every unit adds its partial into the tile's one fp32 slot with vector
-    # atomic adds (red.global.add.v4.f32, summed in L2), so the last unit reads one tile
-    # whatever split_k is, and puts zeros back for the next launch; the fp32 sum's order,
-    # and so its last bits, depend on the arrival order. Not yet run on a GPU (2026-12-01)
-    split_sum: str = "ordered"
-    # stream-K: the last waves' k-tiles are shared out evenly between all CTAs, so no SM
-    # idles in a partial last wave; a tile cut between CTAs is finished by the CTA that has
-    # its first k-tile, after adding the fp32 partials the others left in a workspace
-    # (see ``stream_k_unit``). Cooperative, cluster (1, 1), no split-K. Owners spin on
-    # later CTAs, so the grid is one CTA per SM and relies on all of them being resident
-    # (a kernel running beside it can only delay it); split-K never waits.
-    stream_k: bool = False
-    # cooperative, whole tiles (no split_k / stream_k), 16-bit C: the epilogue's stores run
-    # under the next tile's WGMMAs. The accumulator is converted to C's type into registers
-    # of its own (64 a thread for 128 x 256), freed for the next tile, and the held tile goes
-    # out (stmatrix, TMA store) once that tile's first two k-tiles are issued, so the tensor
-    # pipe is not idle while it does; the CTA's last tile is stored after its loop. Serial
-    # (False): the tensor pipe waits for every tile's epilogue, which is a tenth of a tile's
-    # time where K is 1536. H200, at the power cap (3 s phases, cuBLAS / serial / this):
-    # 8192x24576x1536 0.958 -> 0.973x cuBLAS, 8192x16384x512 0.932 -> 0.959, 2048x32768x512
-    # 0.814 -> 0.923, 8192^3 0.989 -> 0.993; short interleaved runs over 38 shapes: 0.994x
-    # serial, within their noise. ``cutetma.gemm`` turns it on wherever it applies
-    store_under_mma: bool = False
-    # the L2 eviction priority A's and B's TMA loads carry: None passes the DSL's default
-    # (policy 0), "normal" / "first" / "last" CUTLASS's createpolicy encodings (tma.POLICIES)
-    load_hint: str | None = None
-    # whether a cluster multicasts each operand: A along its row (cluster_n CTAs), B along
-    # its column (cluster_m). False: every CTA of the row / column loads that operand itself,
-    # and the cluster only places them on one GPC at the same moment, so their identical
-    # loads reach the L2 together, where its coalescer merges them (an experiment: (2, 4)
-    # with A unshared asked the L2 for cuBLAS's 3.4 M sectors at 2048 x 512 x 5120, but an
-    # 8-CTA cluster grid holds 120 CTAs, not 132: 29 us against 23; PERF_NOTES session 18)
-    multicast_a: bool = True
-    multicast_b: bool = True
-    # the tile order comes from a table (``mOrder``: work index -> cluster (m, n), packed
-    # m | n << 16) that the host builds for the card's CTA placement (``cutetma.placement.
-    # order_table``: each wave the default band's tiles, dealt so that one GPC's CTAs get a
-    # compact block, whose loads the L2 coalescer merges). Whole tiles only (no split-K or
-    # stream-K): the table lists clusters, not work units
-    order_table: bool = False
-    # programmatic dependent launch: the kernel is launched so that it may start while the
-    # kernel before it in the stream is finishing; every thread waits for that kernel's
-    # completion (griddepcontrol.wait) after the prologue (shared-memory barriers, the
-    # cluster's handshake, the TMA descriptors' prefetch, none of which touches memory a
-    # kernel writes) and before any global access, then lets the next such kernel start
-    # (launch_dependents). A chain of them overlaps each launch and prologue with the
-    # previous kernel's tail. Off by default: even with it at the power cap (session 22)
-    pdl: bool = False
-
-    def __post_init__(self):
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
-        if self.tile_n % 16 or not 64 <= self.tile_n <= 384:
-            # one m64nNk16 WGMMA per warpgroup and k-step spans the tile's N up to 256, two of
-            # N / 2 beyond (``mma_n``). Widths between the powers of two exist to fit a
-            # shape's tiles to the SMs' waves: 512 x 5120 is 80 tiles of 128 x 256 on 132 SMs
-            # but 128 of 128 x 160, and 256 x 5120 is 128 tiles of 128 x 80; wider than 256,
-            # each k-tile does more WGMMA work per byte loaded (128 x 320: cuBLAS's tile at
-            # 8192^3, benchmarks/results/cublas_kernels.json). 384: 192 fp32 accumulators a
-            # consumer thread and no spills; at 416 ptxas spills 2 KiB and serializes the
-            # WGMMAs (C7512)
-            raise ValueError(f"tile_n={self.tile_n}: a multiple of 16 from 64 to 384")
-        if self.epi_n is None:  # the widest sub-tile that divides the tile: 32 or 16 columns
-            object.__setattr__(self, "epi_n", 32 if self.tile_n % 32 == 0 else 16)
-        if self.tile_n % self.epi_n:
-            raise ValueError(f"epi_n={self.epi_n} must divide tile_n={self.tile_n}")
-        if self.epi_stages is not None and (
-                self.epi_stages < 1 or (self.schedule == "pingpong" and self.epi_stages % 2)):
-            raise ValueError(f"epi_stages={self.epi_stages}: at least 1 (pingpong: an even "
-                             "count, half for each warpgroup)")
-        if self.tile_k != 64:
-            raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
-        if (self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2, 4)
-                or self.cluster_m * self.cluster_n > 8):
-            # 8 CTAs is the portable cluster size; cuBLAS runs (2, 4) in our terms at
-            # 256 x 1536 x 5120 (64 x 64 tiles: A shared by 4 CTAs, B by 2)
-            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}): each of 1, 2 or "
-                             "4, at most 8 CTAs")
-        for rows, sharers, what in ((self.tile_m, self.a_sharers, "tile_m / cluster_n"),
-                                    (self.mma_n, self.b_sharers, "tile_n / cluster_m")):
-            # each sharer issues 1/sharers of the operand's box (past 256 columns B's box is
-            # one WGMMA's width): whole 8-row swizzle atoms, or the slices would overlap
-            if rows % (8 * sharers):
-                raise ValueError(f"{what}: {rows} rows in {sharers} multicast slices are not "
-                                 "whole 8-row swizzle atoms")
-        if self.load not in ("tma", "cp_async"):
-            raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
-        if self.load_hint is not None and (self.load_hint not in tma.POLICIES
-                                           or self.load != "tma"):
-            raise ValueError(f"load_hint={self.load_hint!r}: None or one of "
-                             f"{sorted(tma.POLICIES)}, for TMA loads")
-        if self.multicast and self.a_sharers * self.b_sharers == 1:
-            raise ValueError(f"cluster ({self.cluster_m}, {self.cluster_n}) multicasts neither "
-                             "operand: keep multicast_a or multicast_b")
-        if self.load == "cp_async" and self.cluster_m * self.cluster_n > 1:
-            raise ValueError("cp.async cannot multicast: use cluster (1, 1) with load='cp_async'")
-        if self.schedule not in ("cooperative", "pingpong"):
-            raise ValueError(f"schedule={self.schedule!r}: 'cooperative' or 'pingpong'")
-        if self.split_k < 1:
-            raise ValueError(f"split_k={self.split_k}: at least 1")
-        if self.split_sum not in ("ordered", "atomic"):
-            raise ValueError(f"split_sum={self.split_sum!r}: 'ordered' or 'atomic'")
-        if self.split_sum == "atomic" and self.split_k == 1:
-            raise ValueError("split_sum='atomic' sums split-K's partials: it needs split_k > 1")
-        if self.stream_k and (self.pingpong or self.multicast or self.split_k > 1):
-            raise ValueError("stream_k runs the cooperative schedule with cluster (1, 1) and "
-                             "no split_k")
-        if self.order_table and (self.split_k > 1 or self.stream_k):
-            raise ValueError("order_table orders whole tiles: no split_k or stream_k")
-        if self.store_under_mma and (self.pingpong or self.split_k > 1 or self.stream_k):
-            raise ValueError("store_under_mma is for whole cooperative tiles: pingpong hides "
-                             "the epilogue already, and split_k / stream_k hand partials over")
-        if self.tile_n > 256 and (self.store_under_mma or self.split_k > 1):
-            # ptxas (CUDA 13.0) spills the held tile (268 bytes at 128 x 320) and split-K's
-            # partial views (4 bytes): past 256 columns the accumulator alone takes
-            # tile_n / 2 registers of each consumer thread
-            raise ValueError(f"tile_n={self.tile_n} > 256 keeps the serial epilogue and K "
-                             "whole: no store_under_mma, no split_k")
-        if self.schedule == "pingpong" and self.tile_m * self.tile_n > 128 * 128:
-            # one warpgroup holds the whole tile's fp32 accumulator: 128 x 256 would be 256
-            # registers a thread, past setmaxnreg's 240
-            raise ValueError(f"pingpong gives one warpgroup the whole {self.tile_m}x"
-                             f"{self.tile_n} accumulator: at most 128x128 (or 64x256)")
-
-    @property
-    def pingpong(self) -> bool:
-        return self.schedule == "pingpong"
-
-    @property
-    def consumer_groups(self) -> int:
-        return 2 if self.pingpong else self.tile_m // 64
-
-    @property
-    def mma_groups(self) -> int:
-        """Warpgroups that share one tile's WGMMAs (and so consume each stage)."""
-        return 1 if self.pingpong else self.consumer_groups
-
-    @property
-    def threads(self) -> int:
-        return WARPGROUP * (1 + self.consumer_groups)
-
-    @property
-    def mma_n(self) -> int:
-        return mma_n(self.tile_n)
-
-    @property
-    def multicast(self) -> bool:
-        return self.cluster_m * self.cluster_n > 1
-
-    @property
-    def a_sharers(self) -> int:
-        """CTAs that receive each A box (the cluster's row, where A is multicast)."""
-        return self.cluster_n if self.multicast_a else 1
-
-    @property
-    def b_sharers(self) -> int:
-        return self.cluster_m if self.multicast_b else 1
-
-    def stage_bytes(self, elem_bytes: int = 2) -> int:
-        return (self.tile_m + self.tile_n) * self.tile_k * elem_bytes
-
-    def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
-        return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))
-
-    def _stages_fit(self, out_bytes: int, buffers: int) -> int:
-        return (SMEM_CAPACITY - 1024 - self.epi_bytes(out_bytes, buffers)) // self.stage_bytes()
-
-    def epi_buffers(self, out_bytes: int = 2) -> int:
-        """Epilogue sub-tile buffers: ``epi_stages`` if given; else 4, or 2 where the
-        buffers freed make room for one more mainloop stage in a pipeline under
-        ``DEEP_ENOUGH`` stages (cooperative 128 x 96 and 128 x 192 with 16-bit C: 6 -> 7
-        and 4 -> 5; most widths with fp32 C). Where the operands stream from DRAM (M = 256
-        / 512) a stage is worth more than two buffers. H200, kernel times over K sweeps
-        (gemm_kernel_times_stages.json / _prefetch.json, 2026-12-02): 128 x 96 went from
-        0.33 to 0.29-0.30 us a k-tile at 256 x 6144 (cuBLAS's 96-wide kernel in 7 stages:
-        0.29), 128 x 192 was 4-8% faster at 256 x 12288 and 512 x 6144; 64 x 128 in 8 -> 9
-        stages (2048 x 512) and 128 x 160 with no stage to gain lost 1-2%."""
-        if self.epi_stages is not None:
-            return self.epi_stages
-        fits_4 = self._stages_fit(out_bytes, 4)
-        if self.pingpong or fits_4 >= DEEP_ENOUGH:
-            return 4
-        if self.stages is not None:
-            return 4 if self.stages <= fits_4 else 2
-        return 2 if self._stages_fit(out_bytes, 2) > fits_4 else 4
-
-    def num_stages(self, out_bytes: int = 2) -> int:
-        """Pipeline depth: ``stages`` if given, else as many as shared memory holds."""
-        fit = self._stages_fit(out_bytes, self.epi_buffers(out_bytes))
-        stages = self.stages or fit
-        if stages < 2:
-            raise ValueError(f"{stages} stage(s): the consumer keeps one WGMMA group in flight "
-                             f"while it waits for the next stage, so at least 2 are needed")
-        if stages > fit:
-            raise ValueError(f"{stages} stages of {self.stage_bytes() // 1024} KiB do not fit in "
-                             f"shared memory beside the epilogue: at most {fit} for this tile")
-        return stages
-
-
-DEEP_ENOUGH = 8  # stages past which one more did not pay for halving the epilogue's buffers
 # setmaxnreg budgets (per thread): the TMA producer needs almost nothing; a cp.async producer
 # computes 16-byte addresses and predicates for every vector, so it keeps more.
 REGISTERS = {"tma": (40, 232), "cp_async": (56, 224)}
-
-
-def mma_n(tile_n: int) -> int:
-    """The N of each WGMMA: the tile's width, or half of it past 256 (two per k-step)."""
-    return tile_n // -(-tile_n // 256)
 
 
 def make_tiled_mma(ab_dtype, a_major, b_major, warpgroups: int, tile_n: int):
@@ -352,7 +108,7 @@ def epilogue_order(tiled_mma, r2s, tile_mn, epi_n) -> list[list[int]]:
 
     Indexing ``e * size(frag) + i`` instead holds only while a warpgroup's accumulator is one
     64-row WGMMA block; with two (a 128-row pingpong tile) it put 14336 of 16384 values in
-    the wrong place, which is what the H200 showed (2026-11-30)."""
+    the wrong place."""
     ids_acc = cute.make_identity_tensor(tile_mn)
     ids_sub = cute.make_identity_tensor((tile_mn[0], epi_n))
     acc = r2s.retile(tiled_mma.get_slice(0).partition_C(ids_acc))
@@ -526,7 +282,7 @@ class HopperGemm:
         pipe = self.loader.make_pipeline(
             storage.barriers.data_ptr(), self.stages, WARPGROUP, consumer_warps, stage_bytes,
             cute.make_layout((1, *cta_layout.shape)), cfg.a_sharers + cfg.b_sharers - 1,
-            (int(cfg.multicast_a), int(cfg.multicast_b)))
+            (1, 1))
         cluster_mn = (cfg.cluster_m, cfg.cluster_n)
         pipeline.pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
 
@@ -624,30 +380,22 @@ class HopperGemm:
         gA = cute.local_tile(mA_tma, tile_mk, (None, None))
         gB = cute.local_tile(mB_tma, tile_nk, (None, None))
         # A is reused by the cluster_n CTAs of one cluster row, B by the cluster_m of a column
-        a_rank = cluster_crd[1] if cfg.multicast_a else 0
-        b_rank = cluster_crd[0] if cfg.multicast_b else 0
-        tAsA, tAgA = tma.partition(tma_a, sA, gA, a_rank, cfg.a_sharers, box_rank=2)
-        tBsB, tBgB = tma.partition(tma_b, sB, gB, b_rank, cfg.b_sharers, box_rank=2)
+        tAsA, tAgA = tma.partition(tma_a, sA, gA, cluster_crd[1], cfg.a_sharers, box_rank=2)
+        tBsB, tBgB = tma.partition(tma_b, sB, gB, cluster_crd[0], cfg.b_sharers, box_rank=2)
         a_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=1)
         b_mask = cute.make_layout_image_mask(cta_layout, cluster_crd, mode=0)
-
-        hint = {} if cfg.load_hint is None else {
-            "cache_policy": cutlass.Int64(tma.POLICIES[cfg.load_hint])}
+        a_share = None  # a multicast mask only where the operand is shared
+        if cutlass.const_expr(cfg.a_sharers > 1):
+            a_share = a_mask
+        b_share = None
+        if cutlass.const_expr(cfg.b_sharers > 1):
+            b_share = b_mask
+        loader = self.loader
 
         def load_stage(m, n, k, state):
             bar = pipe.producer_get_barrier(state)
-            if cutlass.const_expr(cfg.a_sharers > 1):
-                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)],
-                          tma_bar_ptr=bar, mcast_mask=a_mask, **hint)
-            else:
-                cute.copy(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], tma_bar_ptr=bar,
-                          **hint)
-            if cutlass.const_expr(cfg.b_sharers > 1):
-                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)],
-                          tma_bar_ptr=bar, mcast_mask=b_mask, **hint)
-            else:
-                cute.copy(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                          **hint)
+            loader.load(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], bar, a_share)
+            loader.load(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], bar, b_share)
 
         self._produce(pipe, k_tiles, sched, mOrder, first_entry, load_stage)
 
@@ -721,16 +469,20 @@ class HopperGemm:
             mma_tid = ctid % WARPGROUP
             epi_threads = WARPGROUP
             epi_bufs = self.epi_buffers // 2
-            epi_sync = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=WARPGROUP)
+            epi_sync = pipeline.NamedBarrier(barrier_id=int(GemmBarrier.EPILOGUE) + wg,
+                                               num_threads=WARPGROUP)
         else:
             thr_mma = tiled_mma.get_slice(cute.make_layout(cfg.consumer_groups,
                                                            stride=WARPGROUP)(wg))
             mma_tid = ctid
             epi_threads = cfg.consumer_groups * WARPGROUP
             epi_bufs = self.epi_buffers
-            epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=epi_threads)
-        my_turn = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * WARPGROUP)
-        their_turn = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * WARPGROUP)
+            epi_sync = pipeline.NamedBarrier(barrier_id=int(GemmBarrier.EPILOGUE),
+                                               num_threads=epi_threads)
+        my_turn = pipeline.NamedBarrier(barrier_id=int(GemmBarrier.TURN) + wg,
+                                          num_threads=2 * WARPGROUP)
+        their_turn = pipeline.NamedBarrier(barrier_id=int(GemmBarrier.TURN) + 1 - wg,
+                                             num_threads=2 * WARPGROUP)
         store_warp = 4 + 4 * wg if cutlass.const_expr(cfg.pingpong) else 4
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))

@@ -80,6 +80,7 @@ from cutetma import dsl
 from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
+from cutetma.kernels.smem import smem_capacity
 
 cutlass, cute = dsl.cutlass()
 from cuda.bindings import driver as cuda  # noqa: E402
@@ -89,8 +90,8 @@ from cutlass._mlir.dialects import llvm, nvvm  # noqa: E402
 ELEM_BYTES = 4
 THREADS = 256
 MAX_BOX = 256  # elements per TMA box dimension
-SMEM_PER_CTA = 227 * 1024
-SMEM_PER_SM = 228 * 1024
+SMEM_PER_CTA = smem_capacity()  # 227 KiB on sm_90, from the DSL
+SMEM_PER_SM = SMEM_PER_CTA + 1024  # a CTA's capacity plus the driver's reservation
 SMEM_RESERVED = 1024  # per CTA, by the driver
 BARRIER_BYTES = 256  # what the barriers and alignment take, rounded up
 VECTOR = 16  # bytes per cp.async.cg / ld.shared::cluster.v4
@@ -426,7 +427,7 @@ class ClusterBroadcast:
 
     def __init__(self, config: BroadcastConfig):
         self.cfg = config
-        self.loader = loaders.TmaLoader(config.cluster if config.multicast else 1)
+        self.loader = loaders.TmaLoader()  # multicasts where _issue passes a mask
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, dump: cute.Tensor, iters: cutlass.Int32,

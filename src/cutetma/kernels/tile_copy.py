@@ -201,8 +201,7 @@ class SmemProbe:
             sRaw[j * THREADS + tidx] = cutlass.Uint8(0xA5)
         cute.arch.fence_view_async_shared()  # generic stores before async-proxy (TMA) writes
 
-        loader = loaders.make_loader("cp_async" if cfg.load == "cp_async" else (
-            "tma_multicast" if cfg.load == "tma_multicast" else "tma"), cfg.cluster)
+        loader = loaders.make_loader("cp_async" if cfg.load == "cp_async" else "tma")
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(bar, loader.barrier_count(THREADS))
@@ -247,9 +246,13 @@ class SmemProbe:
     def _tma_issue(self, loader, atom, sX, gX, rank, bar):
         """Arm the barrier with the whole box (every CTA receives all of it, also under
         multicast) and issue this CTA's copy: the box, or its 1/N multicast slice."""
-        sT, gS = tma.partition(atom, sX, gX, rank, loader.multicast)
+        sharers = self.cfg.cluster if self.cfg.load == "tma_multicast" else 1
+        sT, gS = tma.partition(atom, sX, gX, rank, sharers)
         loader.arm(bar, self.cfg.box_bytes)
-        loader.load(atom, gS, sT, bar, cutlass.Int16((1 << self.cfg.cluster) - 1))
+        mask = None
+        if cutlass.const_expr(sharers > 1):
+            mask = cutlass.Int16((1 << self.cfg.cluster) - 1)
+        loader.load(atom, gS, sT, bar, mask)
 
     @cute.jit
     def _cluster_sync(self):

@@ -1,0 +1,148 @@
+"""``AttentionConfig`` and the tables its defaults come from (host only: no DSL at import).
+
+Each table's choice was measured on the H200; docs/design.md says what was measured and
+which results file shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cutetma.kernels.smem import smem_capacity
+
+WARPGROUP = 128
+LOG2_E = 1.4426950408889634
+# setmaxnreg budgets (producer, each consumer) per (load, consumer warpgroups w). p + w c may
+# not exceed what the launch gave the CTA's 1 + w warpgroups, 64K / threads per thread rounded
+# down to 8 (168 for 384 threads: p + 2 c <= 504, not 512): setmaxnreg.inc waits for registers
+# no warpgroup will free (48 / 232 hung the cp.async kernel on the H200). With three consumers
+# 160 is the most they can have. TMA with two: FlashAttention-3's 24 / 240 (one thread issues
+# the loads); cp.async with two: 40 / 232, what its 128 copying threads need without spilling
+# the consumers. ptxas decides C7512 / spills here: tests/test_attention_ptx.py checks them.
+REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
+             ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+SCHEDULES = ("serial", "overlap", "pingpong")
+# (block_m, block_n) per (head_dim, causal): 128 query rows (two consumer warpgroups) at every
+# head dim; d = 256 with FlashAttention-3's 80-key stages (Q 64 KiB + 2 x (K + V) 160 KiB of
+# shared memory). block_m=192 (three consumer warpgroups, d = 64 only) measured slower.
+BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
+          (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 80)}
+# Q buffers per (head_dim, causal), 1 where not named: two only where they measured faster
+# (at d = 128 the second buffer costs a K/V stage; d = 256 has no room for it).
+Q_STAGES = {(64, False): 2}
+# The default schedule per (head_dim, causal), from the ablation of all three on the H200
+# (fp16 and bf16 chose alike).
+BEST_SCHEDULE = {
+    (64, False): "pingpong", (64, True): "overlap",
+    (128, False): "overlap", (128, True): "overlap",
+    (256, False): "overlap", (256, True): "overlap",
+}
+# Where overlap / pingpong wait for P_{j-1} V_{j-1}, per head dim. The SASS, not the source,
+# decides what overlaps: ptxas hoists a wgmma wait written after block j's softmax to the top
+# of its basic block, so
+#   "early": the wait comes before the softmax (the other warpgroup's GEMMs fill the tensor
+#            cores during this one's softmax);
+#   "late":  the wait at the top of the next iteration, behind the loop's back edge, which
+#            ptxas does not hoist it across: the softmax of block j runs under P_{j-1} V_{j-1}.
+PV_WAIT = {64: "early", 128: "early", 256: "late"}
+PV_WAITS = ("early", "late")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """One compiled variant of ``FlashAttentionSm90`` (0 / "" fields: the tables' choice).
+
+    ``persistent=False`` and ``schedule="serial"`` are experimental ablation options (tutorial
+    08 compares them with the defaults); they are never the defaults."""
+
+    head_dim: int = 128
+    # query rows per CTA, 64 per consumer warpgroup (128 or 192), and keys per K/V stage (a
+    # multiple of 16); 0: BLOCKS' choice for the head dim
+    block_m: int = 0
+    block_n: int = 0
+    stages: int = 0  # K/V stages; 0: as many as shared memory holds, at most 3
+    # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its
+    # own (at the cost of K/V stages: d = 128 then has room for 2, not 3; d = 256 for none);
+    # 0: Q_STAGES' choice
+    q_stages: int = 0
+    causal: bool = False
+    load: str = "tma"  # "tma" or "cp_async": only the producer differs
+    # the consumers' schedule, each step adding to the one before (an ablation ladder):
+    # "serial" (experimental): S = QK^T, wait, softmax, O += PV, wait (nothing overlaps
+    #   within a warpgroup);
+    # "overlap": issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, softmax S_j while
+    #   P V runs (FlashAttention-3's intra-warpgroup overlap);
+    # "pingpong": "overlap", and the warpgroups take turns issuing their GEMMs (named
+    #   barriers), so one's softmax runs under the other's GEMMs.
+    schedule: str = ""  # "": BEST_SCHEDULE's choice for this head dim and mask
+    # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
+    # tile's Q and K/V loads run under this tile's epilogue; False (experimental): one CTA per
+    # tile
+    persistent: bool = True
+    # overlap / pingpong: where this warpgroup waits for its P_{j-1} V_{j-1} (PV_WAIT):
+    # "early", before block j's softmax, or "late", at the next iteration's start, so the
+    # softmax runs under it; "": PV_WAIT's choice for the head dim
+    pv_wait: str = ""
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
+        block_m, block_n = BLOCKS[(self.head_dim, self.causal)]
+        if not self.block_m:
+            object.__setattr__(self, "block_m", block_m)
+        if not self.block_n:
+            object.__setattr__(self, "block_n", block_n)
+        if not self.q_stages:
+            object.__setattr__(self, "q_stages", Q_STAGES.get((self.head_dim, self.causal), 1))
+        if not self.stages:
+            object.__setattr__(self, "stages", min(3, self.max_stages))
+        if not self.schedule:
+            object.__setattr__(self, "schedule", BEST_SCHEDULE[(self.head_dim, self.causal)])
+        if not self.pv_wait:
+            object.__setattr__(self, "pv_wait", PV_WAIT[self.head_dim])
+        if self.pv_wait not in PV_WAITS:
+            raise ValueError(f"pv_wait={self.pv_wait!r}: one of {PV_WAITS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: one of {SCHEDULES}")
+        if self.block_m not in (128, 192):
+            raise ValueError(f"block_m={self.block_m}: 128 or 192 (64 rows per consumer "
+                             "warpgroup)")
+        if self.block_n % 16 or not 64 <= self.block_n <= 256:
+            raise ValueError(f"block_n={self.block_n}: a multiple of 16 in [64, 256] (the k16 "
+                             "steps of P V)")
+        if self.load not in ("tma", "cp_async"):
+            raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if self.block_m == 192 and self.head_dim != 64:
+            raise ValueError("block_m=192 (three consumer warpgroups) only for head_dim 64: "
+                             "a 64 x d fp32 O accumulator per thread group does not fit "
+                             f"{REGISTERS[(self.load, 3)][1]} registers beside S and P")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages={self.q_stages}: 1 or 2")
+        if not 2 <= self.stages <= self.max_stages:
+            raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
+                             f"stages share {smem_capacity() // 1024} KiB of shared memory)")
+
+    @property
+    def max_stages(self) -> int:
+        """K/V stages that fit beside Q's buffers (2-byte elements; 1 KiB left for the
+        barriers)."""
+        q_bytes = 2 * self.block_m * self.head_dim * self.q_stages
+        kv_bytes = 2 * 2 * self.block_n * self.head_dim
+        return (smem_capacity() - 1024 - q_bytes) // kv_bytes
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups: 64 query rows each (WGMMA's M)."""
+        return self.block_m // 64
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WARPGROUP
+
+    @property
+    def overlap(self) -> bool:
+        return self.schedule != "serial"
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"

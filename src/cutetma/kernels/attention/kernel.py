@@ -1,0 +1,553 @@
+"""``FlashAttentionSm90``: the host entry points, the kernel's warp roles, the producers (TMA
+or cp.async) and the consumer warpgroups' key-block loop (the package docstring draws it)."""
+
+from __future__ import annotations
+
+from cutetma import dsl
+from cutetma.copy import cpasync as cpa
+from cutetma.copy import loader as loaders
+from cutetma.copy import tma
+from cutetma.kernels.attention import scheduler
+from cutetma.kernels.attention.config import LOG2_E, REGISTERS, WARPGROUP, AttentionConfig
+from cutetma.kernels.attention.epilogue import epilogue
+from cutetma.kernels.attention.masking import apply_mask
+from cutetma.kernels.attention.softmax import online_softmax, rescale
+from cutetma.kernels.barriers import AttentionBarrier
+
+cutlass, cute = dsl.cutlass()
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cuda.bindings import driver as cuda  # noqa: E402
+from cutlass import pipeline  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+
+
+class FlashAttentionSm90:
+    def __init__(self, config: AttentionConfig):
+        self.cfg = config
+        self.loader = loaders.make_loader(config.load)
+
+    # ------------------------------------------------------------------------ host
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+                 stream: cuda.CUstream):
+        """mQ, mO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE: (s_q, h, b) fp32.
+        (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
+        ``sm_count``: how many CTAs run at once, the persistent grid's size (one CTA per SM:
+        its 384 or 512 threads fill the register file)."""
+        cfg = self.cfg
+        dtype = mQ.element_type
+        # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
+        # its strides are as aligned as Q's (the epilogue's 16-byte stores rely on it)
+        mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
+        group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
+        # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
+        mK = self._broadcast_heads(mK, group)
+        mV = self._broadcast_heads(mV, group)
+        mVt = cute.make_tensor(mV.iterator, cute.make_layout(
+            (mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
+            stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])))  # (d, s_k, h, b)
+
+        qk_tiler = (64, cfg.block_n, cfg.head_dim)
+        pv_tiler = (64, cfg.head_dim, cfg.block_n)
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        qk_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32,
+                                             (cfg.consumers, 1, 1), tiler_mn=qk_tiler[:2])
+        pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32,
+                                             (cfg.consumers, 1, 1), tiler_mn=pv_tiler[:2],
+                                             a_source=warpgroup.OperandSource.RMEM)
+        row_major = LayoutEnum.ROW_MAJOR
+        sQ_layout = sm90.make_smem_layout_a(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
+                                            dtype, cfg.q_stages)
+        sK_layout = sm90.make_smem_layout_b(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
+                                            dtype, cfg.stages)
+        sV_layout = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR,
+                                            (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
+                                            cfg.stages)
+        tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)),
+                                      (cfg.block_m, cfg.head_dim))
+        tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)),
+                                      (cfg.block_n, cfg.head_dim))
+        tma_v, mV_tma = tma.load_atom(mVt, cute.slice_(sV_layout, (None, None, 0)),
+                                      (cfg.head_dim, cfg.block_n))
+
+        @cute.struct
+        class Storage:
+            # Q full per buffer, then Q empty per buffer
+            q_barriers: cute.struct.MemRange[cutlass.Int64, 2 * cfg.q_stages]
+            k_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+
+        self.storage = Storage
+        items = scheduler.work_items(cfg, mQ.shape[0], mQ.shape[2], mQ.shape[3])
+        grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
+                1, 1)
+        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
+                    pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
+                    softmax_scale * LOG2_E).launch(
+            grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
+                      pO: cute.Pointer, pLSE: cute.Pointer, batch: cutlass.Int32,
+                      seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, heads: cutlass.Int32,
+                      heads_kv: cutlass.Int32, head_dim: cutlass.Int32,
+                      q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
+                      k_s: cutlass.Int64, k_h: cutlass.Int64, k_b: cutlass.Int64,
+                      v_s: cutlass.Int64, v_h: cutlass.Int64, v_b: cutlass.Int64,
+                      o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
+                      softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+                      stream: cuda.CUstream):
+        """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
+        (b, s, h, d) tensors (d contiguous); the LSE is a contiguous (b, h, s_q) fp32 tensor.
+        The tensors it builds have the types ``from_dlpack(...).mark_layout_dynamic()``
+        gives (every size a dynamic Int32, every stride but d's a dynamic Int64), so the
+        kernel is the same; a launch then passes scalars instead of five DLPack tensors,
+        which lets ``cutetma.attention`` skip the DSL's per-call argument conversion."""
+        def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
+            return cute.make_tensor(pointer, cute.make_layout(
+                (seqlen, head_dim, count, batch), stride=(s, 1, h, b)))
+
+        per_head = cutlass.Int64(seqlen_q)
+        mLSE = cute.make_tensor(pLSE, cute.make_layout(
+            (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+        self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
+             view(pV, seqlen_k, heads_kv, v_s, v_h, v_b), view(pO, seqlen_q, heads, o_s, o_h, o_b),
+             mLSE, softmax_scale, sm_count, stream)
+
+    @staticmethod
+    def _aligned_strides(mX: cute.Tensor):
+        """The same (s, d, h, b) tensor with its dynamic strides declared multiples of 16 bytes
+        (the torch face checked them). ``mark_layout_dynamic`` strides carry no divisibility,
+        so the (head, batch) slice the cp.async producer copies from would look 2-byte aligned
+        and the 16-byte cp.async would be refused at compile time."""
+        vec = 128 // mX.element_type.width
+        stride = tuple(s if isinstance(s, int) else cute.assume(s, divby=vec)
+                       for s in mX.stride)
+        return cute.make_tensor(mX.iterator, cute.make_layout(mX.shape, stride=stride))
+
+    @staticmethod
+    def _broadcast_heads(mX: cute.Tensor, group):
+        """(s, d, h_kv, b) -> (s, d, (group, h_kv), b) with stride 0 over the group."""
+        layout = cute.make_layout(
+            (mX.shape[0], mX.shape[1], (group, mX.shape[2]), mX.shape[3]),
+            stride=(mX.stride[0], mX.stride[1], (0, mX.stride[2]), mX.stride[3]))
+        return cute.make_tensor(mX.iterator, layout)
+
+    # ------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_k: cute.CopyAtom,
+               mK_tma: cute.Tensor, tma_v: cute.CopyAtom, mV_tma: cute.Tensor,
+               mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor,
+               mO: cute.Tensor, mLSE: cute.Tensor, qk_mma: cute.TiledMma,
+               pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
+        if warp == 0:
+            tma.prefetch(tma_q)
+            tma.prefetch(tma_k)
+            tma.prefetch(tma_v)
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        q_full = storage.q_barriers.data_ptr()  # buffer i: q_full + i, q_empty + i
+        q_empty = q_full + cfg.q_stages
+        k_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
+        # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
+        # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
+        # even when an overlapped iteration holds V_{j-1} and K_j at once
+        pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 4 * cfg.consumers, k_bytes)
+        pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
+                                           WARPGROUP, 4 * cfg.consumers, v_bytes)
+        if warp == 0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(cfg.q_stages):
+                    cute.arch.mbarrier_init(q_full + i, self.loader.barrier_count(WARPGROUP))
+                    # every consumer thread arrives
+                    cute.arch.mbarrier_init(q_empty + i, cfg.consumers * WARPGROUP)
+        # the barriers must be initialized before anyone waits on them
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()
+
+        seqlen_q, heads = mO.shape[0], mO.shape[2]
+        items = scheduler.work_items(cfg, seqlen_q, heads, mO.shape[3])
+        producer_regs, consumer_regs = REGISTERS[(cfg.load, cfg.consumers)]
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(producer_regs)
+            if cutlass.const_expr(cfg.load == "tma"):
+                if warp == 0:
+                    self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
+                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, items, heads, seqlen_q,
+                                 seqlen_k)
+            else:
+                self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
+                                      items, heads, seqlen_q, seqlen_k)
+        else:
+            cute.arch.setmaxregister_increase(consumer_regs)
+            self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
+                         items, heads, seqlen_q, seqlen_k, scale_log2)
+
+    @cute.jit
+    def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
+                mV_tma, sQ, sK, sV, items, heads, seqlen_q, seqlen_k):
+        """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
+        (the ring runs on across tiles), in ``_produce_tile``'s order."""
+        cfg = self.cfg
+        tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
+            mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
+
+        def tile_loaders(m_block, head, batch):
+            gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
+                                 (m_block, 0))
+            gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
+                                 (None, 0))
+            gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
+                                 (0, None))
+            _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+
+            def load_q(q_stage):
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
+
+            def load_k(j, state):
+                self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                                 pipe_k.producer_get_barrier(state))
+
+            def load_v(j, state):
+                self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                                 pipe_v.producer_get_barrier(state))
+
+            return load_q, load_k, load_v
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                           tile_loaders)
+
+    @cute.jit
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
+                         heads, seqlen_q, seqlen_k):
+        """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
+        cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
+        land. Key rows past s_k
+        are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+
+        def tile_loaders(m_block, head, batch):
+            gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+            gK = mK[(None, None, head, batch)]  # (s_k, d)
+            gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+            q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+            k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
+            v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
+
+            def load_q(q_stage):
+                cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
+                              (cfg.block_m, cfg.head_dim))
+                self.loader.commit(q_full + q_stage)
+
+            def load_k(j, state):
+                cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
+
+            def load_v(j, state):
+                cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+
+            return load_q, load_k, load_v
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                           tile_loaders)
+
+    @cute.jit
+    def _produce_walk(self, pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
+                      tile_loaders: cutlass.Constexpr):
+        """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
+        head, batch)`` gives that tile's (load_q, load_k, load_v), traced once inside the
+        iteration, so what they capture is this tile's; the ring position is carried as a
+        plain count of key blocks (``_ring``), then the rings' tails."""
+        cfg = self.cfg
+        local = cutlass.Int32(0)  # tiles this CTA has done
+        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
+        for k in cutlass.range(scheduler.my_item_count(cfg, items), unroll=1):
+            worker, workers = scheduler.worker()
+            item = worker + k * workers
+            for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
+                m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
+                load_q, load_k, load_v = tile_loaders(m_block, head, batch)
+                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, seqlen_k)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                                   load_k, load_v)
+                done += n_blocks
+                local += 1
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
+
+    @cute.jit
+    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, n_blocks,
+                      load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
+                      load_v: cutlass.Constexpr):
+        """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
+        need only a free stage, so they overlap the consumers' last blocks of the previous
+        tile), then Q once the consumers have finished reading the Q that buffer held before
+        (q empty: the previous tile's, or with two buffers the one before), then the
+        remaining key blocks."""
+        first = cutlass.min(n_blocks, 1)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
+                         load_v)
+        q_stage, q_phase = self._q_slot(local)
+        if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
+            cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
+        load_q(q_stage)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
+                         n_blocks, load_k, load_v)
+
+    @cute.jit
+    def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
+                    load_v: cutlass.Constexpr):
+        """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
+        ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
+        a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
+        ring position of block ``start`` (the same in both rings); the caller rebuilds its own
+        from counts (``_ring``)."""
+        for j in cutlass.range(start, stop, unroll=1):
+            pipe_k.producer_acquire(state)
+            load_k(j, state)
+            pipe_k.producer_commit(state)
+            pipe_v.producer_acquire(state)
+            load_v(j, state)
+            pipe_v.producer_commit(state)
+            state.advance()
+
+    def _ring(self, done, producer: bool = False):
+        """The pipeline state after ``done`` key blocks, rebuilt from that count at each
+        tile: a state advanced inside a helper's or a branch's staged loop does not reliably
+        come back out of it (the tracer rebuilds such objects), while a plain Int32 count
+        does. Producers start on phase 1 (every stage empty), consumers on 0."""
+        stages = self.cfg.stages
+        phase = (done // stages) % 2
+        if producer:
+            phase = 1 - phase
+        return pipeline.PipelineState(stages, done, done % stages, phase)
+
+    @cute.jit
+    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, items,
+                heads, seqlen_q, seqlen_k, scale_log2):
+        """A consumer warpgroup, per tile: its 64 query rows against every key block."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        ctid = tidx - WARPGROUP
+        wg = ctid // WARPGROUP  # 0 .. consumers - 1: rows [64 wg, 64 wg + 64) of the block
+        lane = tidx % 32
+        warp_in_wg = (ctid % WARPGROUP) // 32
+        qk_thr = qk_mma.get_slice(wg * WARPGROUP)
+        pv_thr = pv_mma.get_slice(wg * WARPGROUP)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        s_shape = qk_thr.partition_shape_C((cfg.block_m, cfg.block_n))
+        o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
+        # set once, here: a field set inside a staged loop cannot be read after it
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        # this thread's rows (in its tile) and first column inside a tile (the WGMMA
+        # accumulator layout)
+        row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
+        col_in_tile = (lane % 4) * 2
+        p_steps = cfg.block_n // 16
+
+        # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
+        # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
+        # named barriers). The turn runs on across tiles (all warpgroups walk the same tiles,
+        # so they take the same number of turns): the first warpgroup starts its next tile's
+        # GEMMs while the last one still finishes its softmax, P V and epilogue. (Passing the
+        # turn only at the next tile's start left the tensor cores idle for an epilogue per
+        # tile.) The last warpgroup opens the first turn, once; its final pass is left
+        # unanswered when the CTA exits, as in FlashAttention-3.
+        if cutlass.const_expr(cfg.pingpong):
+            if wg == cfg.consumers - 1:
+                self._turn(pass_on=True)  # warpgroup 0 goes first
+
+        local = cutlass.Int32(0)
+        done = cutlass.Int32(0)  # key blocks this CTA has consumed: the ring's position
+        for k in cutlass.range(scheduler.my_item_count(cfg, items), unroll=1):
+            worker, workers = scheduler.worker()
+            item = worker + k * workers
+            for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
+                m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
+                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, seqlen_k)
+                row0 = m_block * cfg.block_m + row_in_block
+                read = self._ring(done)
+                # the register tensors are made per tile: nothing in them lives from one tile
+                # to the next, so they need not be values carried around the tile loop (this
+                # alone did not lift the C7512 of bf16, d = 128; the loop's form did, see
+                # _my_item_count)
+                acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
+                acc_o.fill(0.0)
+                row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
+                row_max.fill(-cutlass.Float32.inf)
+                row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
+                row_sum.fill(0.0)
+                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale
+                # P, converted element by element, is the A operand of P V (see the docstring)
+                tOrP = cute.make_rmem_tensor(cute.make_layout(
+                    ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
+                tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+                q_stage, q_phase = self._q_slot(local)
+                cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
+                if cutlass.const_expr(cfg.load == "cp_async"):
+                    cute.arch.fence_view_async_shared()  # Q came through the generic proxy
+                if cutlass.const_expr(not cfg.overlap):
+                    for j in cutlass.range(n_blocks, unroll=1):
+                        self.loader.consumer_wait(pipe_k, read)
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_k, read)
+                        self._release_q_after(j, n_blocks, q_empty + q_stage)
+                        apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                        online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                        rescale(acc_o, correction)
+                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                        self.loader.consumer_wait(pipe_v, read)
+                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_v, read)
+                        read.advance()
+                else:
+                    if n_blocks > 0:
+                        # V_{j-1} (this iteration's P V) is waited for and released one iteration
+                        # behind K_j
+                        release = read.clone()
+                        # block 0: S_0 and its softmax; its P V is issued with S_1
+                        self.loader.consumer_wait(pipe_k, read)
+                        if cutlass.const_expr(cfg.pingpong):
+                            self._turn(pass_on=False)
+                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                        if cutlass.const_expr(cfg.pingpong):
+                            self._turn(pass_on=True)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_k, read)
+                        self._release_q_after(0, n_blocks, q_empty + q_stage)
+                        apply_mask(cfg, acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
+                        online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                        read.advance()
+                        for j in cutlass.range(1, n_blocks, unroll=1):
+                            self.loader.consumer_wait(pipe_k, read)
+                            if cutlass.const_expr(cfg.pv_wait == "late"):
+                                # P_{j-2} V_{j-2}, issued in the last iteration, done (nothing
+                                # is in flight at j = 1): waited for here, behind the loop's
+                                # back edge, which ptxas does not hoist a wait across (PV_WAIT)
+                                warpgroup.wait_group(0)
+                                if j > 1:
+                                    self.loader.consumer_release(pipe_v, release)  # V_{j-2}
+                                    release.advance()
+                            if cutlass.const_expr(cfg.pingpong):
+                                self._turn(pass_on=False)
+                            # P_{j-1} from S_{j-1}, just before S_j overwrites it (here, not
+                            # after the softmax: left to itself the compiler sank it here for
+                            # bf16 but not for fp16, two loop shapes for one source; this
+                            # placement measured 1% faster at d = 128 in both dtypes)
+                            tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                            # S_j, while O takes j-1's rescale
+                            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                            rescale(acc_o, correction)
+                            self.loader.consumer_wait(pipe_v, release)
+                            self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
+                            if cutlass.const_expr(cfg.pingpong):
+                                self._turn(pass_on=True)
+                            warpgroup.wait_group(1)  # S_j is in; P V may still run
+                            self.loader.consumer_release(pipe_k, read)  # K_j is read
+                            self._release_q_after(j, n_blocks, q_empty + q_stage)
+                            apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
+                            online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                            if cutlass.const_expr(cfg.pv_wait == "early"):
+                                # written after the softmax, as FlashAttention-3 writes it;
+                                # ptxas hoists it to the softmax's start (PV_WAIT), so P V is
+                                # done before the softmax runs. Written before the softmax
+                                # instead, the SASS differs: 2-4% slower at d = 128 (geomean)
+                                warpgroup.wait_group(0)
+                                self.loader.consumer_release(pipe_v, release)  # V_{j-1}
+                                release.advance()
+                            read.advance()
+                        if cutlass.const_expr(cfg.pv_wait == "late"):
+                            warpgroup.wait_group(0)  # the loop's last P V
+                            if n_blocks > 1:
+                                self.loader.consumer_release(pipe_v, release)
+                                release.advance()
+                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
+                        rescale(acc_o, correction)
+                        self.loader.consumer_wait(pipe_v, release)
+                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_v, release)
+                if n_blocks == 0:  # no Q K^T read Q: free it for the next tile's all the same
+                    cute.arch.mbarrier_arrive(q_empty + q_stage)
+                epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q,
+                         scale_log2)
+                done += n_blocks
+                local += 1
+
+    @cute.jit
+    def _turn(self, pass_on: cutlass.Constexpr):
+        """pingpong: wait for this warpgroup's turn (its barrier, 1 + w), or pass the turn on to
+        the next warpgroup (arrive on its barrier). The warpgroup is read from the thread index
+        at each call rather than kept: a value live across the whole tile loop cost ptxas a
+        few spilled registers at d = 128."""
+        wg = cute.arch.thread_idx()[0] // WARPGROUP - 1
+        if cutlass.const_expr(pass_on):
+            wg = (wg + 1) % self.cfg.consumers
+        turn = pipeline.NamedBarrier(barrier_id=int(AttentionBarrier.TURN) + wg,
+                                     num_threads=2 * WARPGROUP)
+        if cutlass.const_expr(pass_on):
+            turn.arrive()
+        else:
+            turn.arrive_and_wait()
+
+    @cute.jit
+    def _q_slot(self, local):
+        """Tile ``local``'s Q buffer and the phase of its full barrier (buffer i serves tiles
+        i, i + q_stages, ...). One buffer: buffer 0, a constant, as before there were two."""
+        if cutlass.const_expr(self.cfg.q_stages == 1):
+            return 0, local % 2
+        return local % self.cfg.q_stages, (local // self.cfg.q_stages) % 2
+
+    @cute.jit
+    def _release_q_after(self, j, n_blocks, q_empty):
+        """Once the tile's last Q K^T (block j = n_blocks - 1) has completed, Q is read: arrive
+        on q empty there, not after the tile, so the next tile's Q loads under this tile's
+        last softmax, P V and epilogue (a TMA load's latency, about a microsecond, is
+        otherwise exposed at every tile start: 4 key blocks per tile at s = 512)."""
+        if j == n_blocks - 1:
+            cute.arch.mbarrier_arrive(q_empty)
+
+    @cute.jit
+    def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, q_stage, stage):
+        """S = Q K^T into acc_s, one commit group (not waited for)."""
+        warpgroup.fence()  # the softmax read acc_s: order it before WGMMA writes it
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, q_stage)], tSrK[(None, None, kb, stage)],
+                      acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
+        """O += P V, one commit group (not waited for)."""
+        warpgroup.fence()  # P and the rescaled O come from ordinary register writes
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)],
+                      acc_o)
+        warpgroup.commit_group()

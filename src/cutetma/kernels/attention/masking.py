@@ -1,0 +1,30 @@
+"""Masking of a block of scores: keys past s_k, and (causal, bottom-right aligned as
+FlashAttention: key j is visible to query i iff j <= i + s_k - s_q) keys past the diagonal."""
+
+from __future__ import annotations
+
+from cutetma import dsl
+
+cutlass, cute = dsl.cutlass()
+
+
+@cute.jit
+def apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k):
+    """-inf where a key of block ``j`` lies past s_k, or (causal) past the query's diagonal.
+    ``row0``: this thread's first row (its second is row0 + 8); ``col_in_tile``: its first
+    column inside a block (the WGMMA accumulator layout: value i sits in column
+    8 (i // 4) + col_in_tile + i % 2 of row row0 + 8 ((i // 2) % 2)). Blocks that need no
+    mask (every key visible to all 64 rows of the warpgroup) skip the test."""
+    col0 = j * cfg.block_n + col_in_tile
+    needs = (j + 1) * cfg.block_n > seqlen_k
+    if cutlass.const_expr(cfg.causal):
+        needs = needs | ((j + 1) * cfg.block_n - 1 > row0 - (row0 % 64) + seqlen_k - seqlen_q)
+    if needs:
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            col = col0 + (i // 4) * 8 + i % 2
+            row = row0 + 8 * ((i // 2) % 2)
+            dead = col >= seqlen_k
+            if cutlass.const_expr(cfg.causal):
+                dead = dead | (col > row + seqlen_k - seqlen_q)
+            if dead:
+                acc_s[i] = -cutlass.Float32.inf

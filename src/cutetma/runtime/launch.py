@@ -1,0 +1,118 @@
+"""Prepared launches: a compiled ``from_pointers`` entry called with plain scalars.
+
+A compiled function's ``__call__`` turns every argument into a C pointer to its value on
+each call (DLPack for tensors, adapters for streams): most of an eager call's host cost. A
+launch here keeps ctypes slots for the scalars (``SLOTS``, a subclass's), writes the call's
+values into them and hands their addresses to the compiled program, as the DSL's own call
+does (``tests/test_gemm_ptx.py::test_launch_args_match_the_dsl`` and its attention twin
+hold the lists equal, so a DSL whose convention changes fails there, not on the GPU).
+Workspace tensors (split-K's slots, the order table) are DSL tensors made once and cached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from cutetma.runtime.device import cached
+
+_CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32"}
+
+
+class PointerLaunch:
+    """One compiled kernel entry whose runtime arguments are scalars (pointers, sizes,
+    strides, the stream), launched without the DSL's generic argument conversion."""
+
+    SLOTS: tuple = ()
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self._slots = [kind() for kind in self.SLOTS]
+        self._addresses = [ctypes.addressof(slot) for slot in self._slots]
+        self._run = None  # the executor, made on the first launch (it loads the module)
+        self._lock = threading.Lock()  # the slots are shared: one launch at a time
+
+    def args(self, values, workspace=()) -> list:
+        """The compiled program's argument list for ``values`` (the scalars in ``SLOTS``
+        order) and the workspace tensors (``None`` where absent)."""
+        for slot, value in zip(self._slots, values, strict=True):
+            slot.value = value
+        return self._addresses + [p for t in workspace if t is not None
+                                  for p in t.__c_pointers__()]
+
+    def __call__(self, values, workspace=()) -> None:
+        with self._lock:
+            if self._run is None:
+                self._run = self.compiled.to().run_compiled_program
+            self._run(self.args(values, workspace))
+
+
+class GemmLaunch(PointerLaunch):
+    """``HopperGemm.from_pointers``: A, B, C; m, n, ka, kb; lda, ldb, ldc; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 3 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))
+
+
+class AttentionLaunch(PointerLaunch):
+    """``FlashAttentionSm90.from_pointers``: Q, K, V, O, LSE; batch, s_q, s_k, heads,
+    kv heads, head dim; the (seq, head, batch) strides of Q, K, V, O; the softmax scale,
+    the persistent grid's size; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 5 + (ctypes.c_int32,) * 6 + (ctypes.c_int64,) * 12
+             + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
+
+
+def typed_pointer(dtype: torch.dtype, align: int = 16):
+    """A global-memory pointer of ``dtype``'s DSL type for compiling a ``from_pointers``
+    entry: only its type (and alignment) matters to the compiler, not its address."""
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(getattr(cutlass, _CUTE_DTYPES[dtype]), 16, cute.AddressSpace.gmem,
+                    assumed_align=align)
+
+
+def gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspace=()):
+    """The ``GemmLaunch`` of this configuration, compiled on its first use: one kernel per
+    (dtypes, B's major, configuration, cluster count); sizes and strides are runtime
+    values, so a new shape does not recompile."""
+
+    def build():
+        from cutetma import dsl
+
+        _, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.kernels.gemm_sm90 import HopperGemm
+
+        return GemmLaunch(cute.compile(
+            HopperGemm(cfg).from_pointers, typed_pointer(ab_dtype), typed_pointer(ab_dtype),
+            typed_pointer(c_dtype), 1, 1, 1, 1, 1, 1, 1, b_k_major, clusters,
+            make_fake_stream(), *workspace))
+
+    return cached(("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters), build)
+
+
+def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
+    """The ``AttentionLaunch`` of this (dtype, configuration), compiled on its first use
+    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.kernels.attention import FlashAttentionSm90
+
+        io = [typed_pointer(dtype) for _ in range(4)]
+        return AttentionLaunch(cute.compile(
+            FlashAttentionSm90(cfg).from_pointers, *io, typed_pointer(torch.float32, 4),
+            *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream()))
+
+    return cached(("attention", dtype, cfg), build)
