@@ -180,7 +180,7 @@ def step_tutorials(args):
     import subprocess
 
     done, logs = [], []
-    for script in sorted((ROOT / "tutorials").glob("0*.py")):
+    for script in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py")):
         try:
             proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                                   timeout=240, cwd=ROOT)

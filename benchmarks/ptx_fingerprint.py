@@ -16,10 +16,11 @@ not the rule that chose it; attention's ``dtype`` only picks those and is not ke
 rebuilds each config with the current tree's classes (a field they lack: "removed option",
 a failure), compiles it by the same code and compares; exit status 1 on any difference.
 
-Compile: the library's launch helper (``_gemm_launch`` / ``_attention_launch`` in
-``cutetma.runtime*`` or ``cutetma.ops``) with ``cute.compile`` wrapped to keep the PTX; where
-missing or taking other arguments, the call it makes (``Kernel(cfg).from_pointers``, typed
-gmem pointers, 1 for sizes and strides, a fake stream, fake 1-D workspace tensors).
+Compile: the library's launch helper (``[_]gemm_launch`` / ``[_]attention_launch``, found in
+whichever cutetma module defines it, as the classes are) with ``cute.compile`` wrapped to keep
+the PTX; where missing or taking other arguments, the call it makes (``Kernel(cfg).
+from_pointers``, typed gmem pointers, 1 for sizes and strides, a fake stream, fake 1-D
+workspace tensors). CUTETMA_CACHE=0: the after tree's disk cache neither answers nor grows.
 
 Normalised before hashing: names declared by ``.entry`` / ``.func`` become KERNEL<i> / FUNC<i>
 everywhere (``_param_<j>`` suffixes kept): the DSL names a kernel after its class's module
@@ -34,13 +35,16 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
 import multiprocessing
 import os
+import pkgutil
 import re
 import sys
 import tempfile
@@ -49,10 +53,7 @@ import zlib
 from pathlib import Path
 
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"  # before anything imports cutlass (workers too)
-CLASS_HOMES = ["cutetma"] + [f"cutetma.kernels.{m}" for m in (  # refactored places first
-    "gemm_config", "attention_config", "gemm_sm90", "attention_sm90", "tile_copy", "microbench")]
-LAUNCH_HOMES = ["cutetma.runtime", "cutetma.runtime.launch", "cutetma.runtime.compile",
-                "cutetma.ops"]
+os.environ["CUTETMA_CACHE"] = "0"  # the after tree's disk cache: always compile, write nothing
 DELETED = ("stream_k", "load_hint", "multicast_a", "multicast_b")
 KEYS = ("kind", "cls", "config", "ab", "c", "b_k_major", "clusters")
 AUTO_SHAPES = [  # the shapes tests/test_gemm_gpu.py gives the automatic choice
@@ -67,13 +68,26 @@ class RemovedOption(Exception):
     pass
 
 
-def find(name: str, homes=CLASS_HOMES):
-    for module in homes:
-        try:
-            if (found := getattr(importlib.import_module(module), name, None)) is not None:
-                return found
-        except ImportError:
-            pass
+@functools.cache
+def modules() -> list:
+    """cutetma and every submodule that imports (the CLI and plotting left out)."""
+    import cutetma
+
+    names = [m.name for m in pkgutil.walk_packages(cutetma.__path__, "cutetma.", lambda _: None)
+             if not re.search(r"__main__|\.cli|\.viz", m.name)]
+    return [cutetma] + [m for m in map(_import, sorted(names)) if m]
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+def find(*names: str):
+    """The first of ``names`` that cutetma or a submodule defines (wherever a refactor put it)."""
+    return next((getattr(m, n) for n in names for m in modules() if hasattr(m, n)), None)
 
 
 def load_file(relative: str):
@@ -118,12 +132,12 @@ def compile_ptx(e: dict, cfg) -> tuple[str, str]:
     import torch
     from cutlass.cute import runtime
 
-    from cutetma import dsl, kernels
+    from cutetma import dsl
 
     cutlass, cute = dsl.cutlass()
     if e["kind"] in ("probe", "round_trip"):
-        return (kernels.compile_probe(cfg) if cfg else kernels.compile_round_trip(
-            2, "128B", 64, 64)).ptx, "kernels.compile_probe / compile_round_trip"
+        return (find("compile_probe")(cfg) if cfg else find("compile_round_trip")(
+            2, "128B", 64, 64)).ptx, "compile_probe / compile_round_trip"
     if e["kind"] == "microbench":  # the PTX tests' own compile helpers
         helper = e["cls"].removesuffix("Config").lower() + "_ptx"  # latency_ptx, ...
         return getattr(load_file("tests/test_microbench_ptx.py"), helper)(cfg), helper
@@ -137,12 +151,12 @@ def compile_ptx(e: dict, cfg) -> tuple[str, str]:
         ws = (fake1d(cutlass.Float32, 16), fake1d(cutlass.Int32, 4)) if (
             cfg.split_k > 1 or getattr(cfg, "stream_k", False)) else ()
         ws = (None, None, fake1d(cutlass.Int32, 4)) if cfg.order_table else ws
-        name, args = "_gemm_launch", (ab, getattr(torch, e["c"]), e["b_k_major"], cfg,
-                                      e["clusters"], ws)
+        names = ("gemm_launch", "_gemm_launch")
+        args = (ab, getattr(torch, e["c"]), e["b_k_major"], cfg, e["clusters"], ws)
         direct = (find("HopperGemm")(cfg).from_pointers, ptr(e["ab"]), ptr(e["ab"]),
                   ptr(e["c"]), *(1,) * 7, e["b_k_major"], e["clusters"], stream, *ws)
     else:
-        name, args = "_attention_launch", (ab, cfg)
+        names, args = ("attention_launch", "_attention_launch"), (ab, cfg)
         direct = (find("FlashAttentionSm90")(cfg).from_pointers,
                   *(ptr(e["ab"]) for _ in range(4)), ptr("float32", 4), *(1,) * 18,
                   cutlass.Float32(1.0), cutlass.Int32(1), stream)
@@ -157,11 +171,12 @@ def compile_ptx(e: dict, cfg) -> tuple[str, str]:
 
     cute.compile = keep_ptx
     try:
-        if module := next((m for m in LAUNCH_HOMES if find(name, [m])), None):
-            getattr(sys.modules[module], "_COMPILED", {}).clear()  # or it would not compile
+        if helper := find(*names):
+            for module in modules():  # in-process caches, or nothing would compile
+                getattr(module, "_COMPILED", {}).clear()
             try:
-                getattr(sys.modules[module], name)(*args)
-                via = f"{module}.{name}"
+                helper(*args)
+                via = f"{helper.__module__}.{helper.__name__}" if captured else via
             except Exception:
                 if captured:  # the compile itself failed: report that
                     raise
@@ -307,7 +322,7 @@ def main(argv=None) -> int:
     entries = (recorded or enumerate_entries())[:args.limit]
     print(f"{args.mode}: {len(entries)} configurations, cutetma from "
           f"{Path(cutetma.__file__).parent}, {args.jobs} job(s)", flush=True)
-    t0, failed, out, example = time.perf_counter(), 0, [], None
+    t0, failed, out, example, vias = time.perf_counter(), 0, [], None, collections.Counter()
     with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=50) as pool:
         results = pool.imap(work, [{k: e[k] for k in KEYS} for e in entries])
         for i, (e, r) in enumerate(zip(entries, results, strict=True)):
@@ -320,15 +335,18 @@ def main(argv=None) -> int:
                 status, notes = "MISMATCH", list(difflib.unified_diff(
                     unpack(e["ptx_z"]), unpack(r["ptx_z"]), "before", "after", n=1,
                     lineterm=""))[2:16]
-            elif recorded and r["names"] != e["names"]:
-                notes = [f"kernel renamed (normalised away): {e['names'][0][:60]}... -> "
-                         f"{r['names'][0][:60]}..."]
+            vias[(e.get("via"), r.get("via"))] += 1
+            if recorded and "hash" in r and "hash" in e and r["names"] != e["names"]:
+                notes.append(f"kernel renamed (normalised away): {e['names'][0][:60]}... -> "
+                             f"{r['names'][0][:60]}...")
             example = example or (r.get("names") or [None])[0]
             failed += status != "ok"
             print(f"[{i + 1}/{len(entries)}] {r['seconds']:6.2f}s {status:8} "
                   f"{r.get('hash', '-')} {label(e)}", flush=True)
             print("".join(f"      {note}\n" for note in notes), end="", flush=True)
             out.append(dict(e, **r))
+    for (before, now), count in vias.items():
+        print(f"{count} compiled through {now}" + (f" (recorded: {before})" if recorded else ""))
     print(f"normalised kernel name: {example}\n                     -> KERNEL0")
     print(f"{len(entries)} configurations in {time.perf_counter() - t0:.0f} s, {failed} "
           f"{'differ or failed' if recorded else 'failed to compile'}")

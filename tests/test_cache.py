@@ -302,10 +302,11 @@ def test_a_changed_source_fingerprint_is_a_new_key(cache_dir, monkeypatch):
     assert {p.stem for p in cache_dir.glob("*" + cache.SUFFIX)} == {before, after}
 
 
-def test_the_key_covers_sources_dsl_arch_python_and_the_callers_parts():
+def test_the_key_covers_sources_dsl_arch_and_the_callers_parts():
     key, parts = cache.key_of(KEY)
     env = parts["env"]
-    assert set(env) == {"format", "sources", "dsl", "dsl_cuda", "arch", "python"}
+    assert set(env) == {"format", "sources", "dsl", "dsl_cuda", "dsl_settings", "arch"}
+    assert "lineinfo=False" in env["dsl_settings"] and "shared_libs" not in env["dsl_settings"]
     assert len(env["sources"]) == 64 and env["sources"] == cache.source_fingerprint()
     assert env["arch"] == "sm_90a" and env["dsl"] == "4.8.1"
     assert parts["kernel"] == KEY

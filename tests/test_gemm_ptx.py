@@ -1,5 +1,10 @@
-"""The GEMM compiled for sm_90a on a CPU machine, every mechanism x dtype x cluster: WGMMA is
-there, the producer issues what its mechanism says and nothing else."""
+"""The GEMM kernel compiled for sm_90a on a CPU machine (``kernels.build``): every mechanism,
+dtype and cluster shape has its WGMMAs, the producer issues what its mechanism says and
+nothing else, ptxas neither serializes nor spills, and the SASS keeps the stores where they
+were put; ``GemmConfig``'s checks, the epilogue's and stream-K's host-side arithmetic, and the
+prepared launch ``cutetma.gemm`` calls. Kernels are compiled once per configuration
+(``build.compile_gemm`` is cached), so tests that read one configuration share it.
+The host's choice of configuration: ``test_tuning.py``."""
 
 import dataclasses
 import itertools
@@ -17,12 +22,15 @@ MCAST = ".multicast::cluster"
 CP_ASYNC = "cp.async.cg.shared.global"
 STORE = "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"
 
-CLUSTERS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+# each cluster shape once, the two input types between them: the type only changes the
+# WGMMA's operand suffix, the cluster what the producer issues
+CLUSTERS = [((1, 1), "Float16"), ((2, 1), "BFloat16"), ((1, 2), "Float16"),
+            ((2, 2), "BFloat16")]
 
 
-@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
-@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
-def test_tma_variant(dtype, cluster):
+@pytest.mark.parametrize("cluster,dtype", CLUSTERS, ids=lambda c: f"{c[0]}x{c[1]}"
+                         if isinstance(c, tuple) else c)
+def test_tma_variant(cluster, dtype):
     ptx = build.compile_gemm(GemmConfig(cluster_m=cluster[0], cluster_n=cluster[1]), dtype).ptx
     suffix = "f16.f16" if dtype == "Float16" else "bf16.bf16"
     assert f"{WGMMA}.m64n256k16.f32.{suffix}" in ptx
@@ -114,9 +122,9 @@ def test_cp_async_refuses_a_tile_that_leaves_threads_without_work():
         cpasync.tiled_copy(cutlass.Float16, 24, 8, 128, every_thread=True)
 
 
-@pytest.mark.parametrize("load", ["tma", "cp_async"])
-@pytest.mark.parametrize("tile_n", [80, 112, 176, 240])
-def test_widths_in_steps_of_16(load, tile_n):
+@pytest.mark.parametrize("tile_n,load", [(80, "tma"), (80, "cp_async"), (112, "tma"),
+                                         (176, "cp_async"), (240, "tma")])
+def test_widths_in_steps_of_16(tile_n, load):
     """Tiles as wide as a shape needs to fill the SMs' waves (cuBLAS's own tiles on the H200
     are 80, 96, 112, 168, 176 wide, ``cublas_kernels.json``): one m64nNk16 WGMMA per
     warpgroup spans the width, and an odd multiple of 16 goes out in 16-column sub-tiles,
@@ -142,7 +150,7 @@ def test_tiles_wider_than_one_wgmma(load, tile_n):
     cfg = GemmConfig(tile_n=tile_n, load=load)
     assert cfg.mma_n == tile_n // 2
     assert (cfg.num_stages(), cfg.epi_buffers()) == ((4, 2) if tile_n == 288 else (3, 4))
-    ptx = build.compile_gemm(cfg, "BFloat16").ptx
+    ptx = build.compile_gemm(cfg, "BFloat16" if load == "cp_async" else "Float16").ptx
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)
     assert set(wgmma) == {str(tile_n // 2)} and len(wgmma) == 2 * 4  # 2 halves x 4 k-steps
     assert ptx.count(STORE) == tile_n // 32

@@ -445,30 +445,8 @@ def _build():
 
 
 def _showcase_kernels() -> list:
-    """The tour's kernels as ``(name, compile)`` pairs; ``compile()`` compiles one kernel for
-    sm_90a and returns the PTX instructions it issues. One pair per kernel, so the tour can
-    say which kernel it is compiling while it compiles."""
-    build = _build()
-    if hasattr(build, "showcase_kernels"):
-        return build.showcase_kernels()
-    # The same list as build.compile_showcase(), kernel by kernel.
-    from cutetma.kernels.attention import AttentionConfig
-    from cutetma.kernels.gemm_config import GemmConfig
-
-    def ops(compile_fn, *cfg):
-        return lambda: build.ptx_ops(compile_fn(*cfg).ptx)
-
-    pairs = [(name, ops(build.compile_probe, cfg))
-             for name, cfg in build.showcase_configs().items()]
-    pairs.append(("round trip tma load+store", ops(build.compile_round_trip, 2, "128B", 64, 64)))
-    pairs += [(name, ops(build.compile_gemm, cfg))
-              for name, cfg in (("gemm tma 128x256", GemmConfig()),
-                                ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
-                                ("gemm cp.async 128x256", GemmConfig(load="cp_async")))]
-    pairs += [(name, ops(build.compile_attention, cfg))
-              for name, cfg in (("attention d=128 tma", AttentionConfig()),
-                                ("attention d=128 cp.async", AttentionConfig(load="cp_async")))]
-    return pairs
+    """The tour's kernels as ``(name, compile)`` pairs (``kernels.build.showcase_kernels``)."""
+    return _build().showcase_kernels()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -156,21 +156,28 @@ def showcase_configs():
     }
 
 
-def compile_showcase():
-    shown = [(name, ptx_ops(compile_probe(cfg).ptx)) for name, cfg in showcase_configs().items()]
-    shown.append(("round trip tma load+store", ptx_ops(compile_round_trip(2, "128B", 64, 64).ptx)))
+def showcase_kernels():
+    """The tour's kernels as ``(name, compile)`` pairs: ``compile()`` compiles one kernel for
+    sm_90a and returns the data-movement and MMA instructions its PTX issues (one pair per
+    kernel, so a caller can report progress kernel by kernel)."""
+    from cutetma.kernels.attention import AttentionConfig
     from cutetma.kernels.gemm_config import GemmConfig
 
-    for name, cfg in (("gemm tma 128x256", GemmConfig()),
-                      ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
-                      ("gemm cp.async 128x256", GemmConfig(load="cp_async"))):
-        shown.append((name, ptx_ops(compile_gemm(cfg).ptx)))
-    from cutetma.kernels.attention import AttentionConfig
+    def instructions(compile_fn, *args):
+        return lambda: ptx_ops(compile_fn(*args).ptx)
 
-    for name, cfg in (("attention d=128 tma", AttentionConfig()),
-                      ("attention d=128 cp.async", AttentionConfig(load="cp_async"))):
-        shown.append((name, ptx_ops(compile_attention(cfg).ptx)))
-    return shown
+    pairs = [(name, instructions(compile_probe, cfg))
+             for name, cfg in showcase_configs().items()]
+    pairs.append(("round trip tma load+store",
+                  instructions(compile_round_trip, 2, "128B", 64, 64)))
+    pairs += [(name, instructions(compile_gemm, cfg))
+              for name, cfg in (("gemm tma 128x256", GemmConfig()),
+                                ("gemm tma multicast (2,1)", GemmConfig(cluster_m=2)),
+                                ("gemm cp.async 128x256", GemmConfig(load="cp_async")))]
+    pairs += [(name, instructions(compile_attention, cfg))
+              for name, cfg in (("attention d=128 tma", AttentionConfig()),
+                                ("attention d=128 cp.async", AttentionConfig(load="cp_async")))]
+    return pairs
 
 
 def fake_operand(dtype, k_major: bool = True, as_from_dlpack: bool = False):

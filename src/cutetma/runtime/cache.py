@@ -13,9 +13,10 @@ driver, so a machine without one can fill a cache (``tests/test_cache.py`` check
 on a CPU).
 
 The key is a sha256 over the pieces of ``environment()`` (a fingerprint of cutetma's kernel
-sources, the DSL's version and CUDA version, the arch, Python's version, this file's entry
-format) and the caller's ``key_parts`` (the kernel entry, the configuration's repr, the
-compile arguments' types: ``describe_args``). Anything that changes the kernel changes the
+sources, the DSL's version, CUDA version and compile-affecting settings (``CUTE_DSL_*``: the
+DSL's own cache key, less the runtime library's path), the arch, this file's entry format)
+and the caller's ``key_parts`` (the kernel entry, the configuration's repr, the compile
+arguments' types: ``describe_args``). Anything that changes the kernel changes the
 key; an entry is never looked up under another.
 
 Settings: ``CUTETMA_CACHE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/cutetma``, else
@@ -38,7 +39,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -104,13 +104,24 @@ def _dsl_facts() -> dict:
         cuda = f"{CUDA_VERSION.major}.{CUDA_VERSION.minor}"
     except Exception:  # noqa: BLE001 - a DSL without it: the version alone keys it
         cuda = "unknown"
-    return {"dsl": str(cutlass.__version__), "dsl_cuda": cuda, "arch": dsl._current_arch(cutlass)}
+    try:  # the DSL's settings that change what it compiles (its own cache key's), less the
+        # runtime library's path (the machine's; its ABI is the version's)
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        settings = ";".join(item for item in CuTeDSL._get_dsl().envar.cache_key_str().split(";")
+                            if item and not item.startswith("shared_libs="))
+    except Exception:  # noqa: BLE001
+        settings = "unknown"
+    return {"dsl": str(cutlass.__version__), "dsl_cuda": cuda, "arch": dsl._current_arch(cutlass),
+            "dsl_settings": settings}
 
 
 def environment() -> dict:
-    """The pieces of every key that do not depend on the kernel."""
-    return {"format": FORMAT, "sources": source_fingerprint(), **_dsl_facts(),
-            "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    """The pieces of every key that do not depend on the kernel. No Python version: an entry
+    is a cubin and its launch code, with no Python ABI, and one filled under Python 3.11 on a
+    machine without a GPU loaded and ran bit-identically under 3.12 on the H200
+    (docs/design.md, "Compile cache")."""
+    return {"format": FORMAT, "sources": source_fingerprint(), **_dsl_facts()}
 
 
 def _stable(value):
@@ -261,6 +272,7 @@ def _write(key: str, parts: dict, payload: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from other users
             f.write(_encode(key, parts, payload))
             f.flush()
             os.fsync(f.fileno())

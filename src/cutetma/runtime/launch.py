@@ -89,11 +89,14 @@ def gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspac
         from cutlass.cute.runtime import make_fake_stream
 
         from cutetma.kernels.gemm_sm90 import HopperGemm
+        from cutetma.runtime import cache
 
-        return GemmLaunch(cute.compile(
-            HopperGemm(cfg).from_pointers, typed_pointer(ab_dtype), typed_pointer(ab_dtype),
-            typed_pointer(c_dtype), 1, 1, 1, 1, 1, 1, 1, b_k_major, clusters,
-            make_fake_stream(), *workspace))
+        args = (typed_pointer(ab_dtype), typed_pointer(ab_dtype), typed_pointer(c_dtype),
+                1, 1, 1, 1, 1, 1, 1, b_k_major, clusters, make_fake_stream(), *workspace)
+        return GemmLaunch(cache.load_or_compile(
+            {"entry": "HopperGemm.from_pointers", "config": repr(cfg),
+             "args": cache.describe_args(*args)},
+            lambda: cute.compile(HopperGemm(cfg).from_pointers, *args)))
 
     return cached(("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters), build)
 
@@ -109,10 +112,13 @@ def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
         from cutlass.cute.runtime import make_fake_stream
 
         from cutetma.kernels.attention import FlashAttentionSm90
+        from cutetma.runtime import cache
 
-        io = [typed_pointer(dtype) for _ in range(4)]
-        return AttentionLaunch(cute.compile(
-            FlashAttentionSm90(cfg).from_pointers, *io, typed_pointer(torch.float32, 4),
-            *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream()))
+        args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
+                *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream())
+        return AttentionLaunch(cache.load_or_compile(
+            {"entry": "FlashAttentionSm90.from_pointers", "config": repr(cfg),
+             "args": cache.describe_args(*args)},
+            lambda: cute.compile(FlashAttentionSm90(cfg).from_pointers, *args)))
 
     return cached(("attention", dtype, cfg), build)
