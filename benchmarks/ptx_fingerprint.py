@@ -136,8 +136,8 @@ def compile_ptx(e: dict, cfg) -> tuple[str, str]:
 
     cutlass, cute = dsl.cutlass()
     if e["kind"] in ("probe", "round_trip"):
-        return (find("compile_probe")(cfg) if cfg else find("compile_round_trip")(
-            2, "128B", 64, 64)).ptx, "compile_probe / compile_round_trip"
+        fn = find("compile_probe" if cfg else "compile_round_trip")
+        return (fn(cfg) if cfg else fn(2, "128B", 64, 64)).ptx, f"{fn.__module__}.{fn.__name__}"
     if e["kind"] == "microbench":  # the PTX tests' own compile helpers
         helper = e["cls"].removesuffix("Config").lower() + "_ptx"  # latency_ptx, ...
         return getattr(load_file("tests/test_microbench_ptx.py"), helper)(cfg), helper
@@ -305,10 +305,6 @@ def label(e: dict) -> str:
            f"[{e['source']}]"
 
 
-def unpack(z: str) -> list[str]:
-    return zlib.decompress(base64.b64decode(z)).decode().splitlines()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=("record", "check"))
@@ -322,7 +318,8 @@ def main(argv=None) -> int:
     entries = (recorded or enumerate_entries())[:args.limit]
     print(f"{args.mode}: {len(entries)} configurations, cutetma from "
           f"{Path(cutetma.__file__).parent}, {args.jobs} job(s)", flush=True)
-    t0, failed, out, example, vias = time.perf_counter(), 0, [], None, collections.Counter()
+    unpack = lambda z: zlib.decompress(base64.b64decode(z)).decode().splitlines()  # noqa: E731
+    t0, failed, out, seen = time.perf_counter(), 0, [], collections.Counter()
     with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=50) as pool:
         results = pool.imap(work, [{k: e[k] for k in KEYS} for e in entries])
         for i, (e, r) in enumerate(zip(entries, results, strict=True)):
@@ -335,19 +332,20 @@ def main(argv=None) -> int:
                 status, notes = "MISMATCH", list(difflib.unified_diff(
                     unpack(e["ptx_z"]), unpack(r["ptx_z"]), "before", "after", n=1,
                     lineterm=""))[2:16]
-            vias[(e.get("via"), r.get("via"))] += 1
-            if recorded and "hash" in r and "hash" in e and r["names"] != e["names"]:
-                notes.append(f"kernel renamed (normalised away): {e['names'][0][:60]}... -> "
-                             f"{r['names'][0][:60]}...")
-            example = example or (r.get("names") or [None])[0]
+            seen[f"compiled through {r.get('via')}" + (f" (recorded: {e.get('via')})"
+                                                       if recorded else "")] += 1
+            if recorded and "hash" in r and r["names"][:1] != e.get("names", [])[:1]:
+                stem = lambda name: re.sub(r"_object_at_.*", "...", name)  # noqa: E731
+                seen[f"renamed (normalised away): {stem(e['names'][0])} -> "
+                     f"{stem(r['names'][0])}"] += 1
+            seen[f"normalised kernel name: {r.get('names', ['-'])[0]} -> KERNEL0"] += 1
             failed += status != "ok"
             print(f"[{i + 1}/{len(entries)}] {r['seconds']:6.2f}s {status:8} "
                   f"{r.get('hash', '-')} {label(e)}", flush=True)
             print("".join(f"      {note}\n" for note in notes), end="", flush=True)
             out.append(dict(e, **r))
-    for (before, now), count in vias.items():
-        print(f"{count} compiled through {now}" + (f" (recorded: {before})" if recorded else ""))
-    print(f"normalised kernel name: {example}\n                     -> KERNEL0")
+    print("".join(f"{n} x {what}\n" for what, n in seen.items() if not what.startswith("norm")),
+          next((f"e.g. {what}" for what in seen if what.startswith("norm")), ""), sep="")
     print(f"{len(entries)} configurations in {time.perf_counter() - t0:.0f} s, {failed} "
           f"{'differ or failed' if recorded else 'failed to compile'}")
     if args.mode == "record":
