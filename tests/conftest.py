@@ -1,13 +1,19 @@
 """Test session setup: the DSL targets sm_90a before anything imports it, `gpu` tests are
 skipped with a reason unless a Hopper GPU is present, and ``--shard I/N`` keeps every N-th
 collected test from the I-th on (so N pytest processes can compile their kernels side by
-side on the GPU machine's cores: ``gpu_session.py --shards N``)."""
+side on the GPU machine's cores: ``gpu_session.py --shards N``). The on-disk compile cache
+goes to a temporary folder unless ``CUTETMA_CACHE_DIR`` names one (the GPU run shares one
+folder between its shards), so tests never write into the user's cache."""
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+if "CUTETMA_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.TemporaryDirectory(prefix="cutetma-test-cache-")
+    os.environ["CUTETMA_CACHE_DIR"] = _CACHE.name
 
 
 def _hopper_reason() -> str | None:

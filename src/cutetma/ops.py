@@ -135,11 +135,7 @@ def _aligned_operand(x: torch.Tensor, name: str, allow_copy: bool) -> torch.Tens
     if not allow_copy:
         hw.check_box((1, 8), 2, "none", global_strides_bytes=(outer_stride,),
                      global_base=x.data_ptr())
-    rows, k = x.shape
-    k_pad = -(-k // _ALIGN_ELEMS) * _ALIGN_ELEMS
-    padded = torch.zeros(rows, k_pad, dtype=x.dtype, device=x.device)
-    padded[:, :k] = x
-    return padded
+    return _padded(x)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -196,7 +192,100 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     kernel's tail. Operands whose strides or base break TMA's 16-byte rule are copied into
     an aligned buffer (``allow_copy=False`` refuses them instead). Under
     ``torch.use_deterministic_algorithms(True)`` every K split is summed in a fixed order.
+    Inside ``torch.compile`` the call is the custom op ``torch.ops.cutetma.gemm`` (no
+    ``out``, ``config`` or ``pdl`` there).
+
+    Every call is a plan (the checks' verdicts, the configuration, the compiled launch)
+    remembered per problem: shapes, strides, dtypes, device, options, 16-byte alignment and
+    torch's deterministic mode. A call that finds its plan skips the checks and the choice.
     """
+    if torch.compiler.is_compiling():
+        if out is not None or config is not None or pdl:
+            raise ValueError("inside torch.compile, cutetma.gemm takes a, b, trans_b, load "
+                             "and out_dtype (the custom op's schema)")
+        return torch.ops.cutetma.gemm(a, b, trans_b, load, out_dtype)
+    b_nk = b if trans_b else b.T
+    try:
+        key = (a.shape, b_nk.shape, a.stride(), b_nk.stride(), a.dtype, b.dtype, a.device,
+               b.device, a.data_ptr() % 16, b.data_ptr() % 16, out_dtype, load, config, pdl,
+               allow_copy, None if out is None else (out.shape, out.stride(), out.dtype,
+                                                     out.device, out.data_ptr() % 16),
+               torch.are_deterministic_algorithms_enabled(),
+               torch.is_deterministic_algorithms_warn_only_enabled())
+    except (AttributeError, TypeError):  # not tensors, or an option that cannot key a plan
+        key = None
+    plan = _GEMM_PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _gemm_plan(a, b, b_nk, out, out_dtype, trans_b, load, config, pdl, allow_copy)
+        if key is not None and plan.reusable:
+            _GEMM_PLANS[key] = plan
+    return plan(a, b_nk, out)
+
+
+_GEMM_PLANS: dict = {}
+
+
+def plan_counts() -> dict:
+    """How many per-problem plans this process keeps: ``{"gemm": n, "attention": n}``."""
+    return {"gemm": len(_GEMM_PLANS), "attention": len(_ATTENTION_PLANS)}
+
+
+def clear_plans() -> None:
+    """Forget every plan (the compiled kernels stay): the next calls check and choose again."""
+    _GEMM_PLANS.clear()
+    _ATTENTION_PLANS.clear()
+
+
+@dataclasses.dataclass
+class _GemmPlan:
+    """What one GEMM problem needs at launch, decided once: sizes, the output's dtype, the
+    configuration and its compiled launch, which operands need an aligned copy."""
+
+    m: int
+    n: int
+    k: int
+    out_dtype: torch.dtype
+    device: torch.device
+    cfg: GemmConfig | None = None  # None: nothing to launch (an empty output or K = 0)
+    launch: object = None
+    clusters: int = 0
+    b_k_major: bool = True
+    copy_a: bool = False
+    copy_b: bool = False
+    workspace: tuple | None = None  # None: per call (split-K's belongs to the stream)
+    reusable: bool = True  # False when chosen during a CUDA-graph capture (unplaced)
+
+    def __call__(self, a, b_nk, out):
+        result = out
+        if result is None:  # pad the row so its stride is 16-byte aligned; return the view
+            per = 16 // self.out_dtype.itemsize
+            result = torch.empty(self.m, -(-self.n // per) * per, dtype=self.out_dtype,
+                                 device=self.device)[:, :self.n]
+        if self.cfg is None:
+            return result if self.k else result.zero_()
+        a_ok = _padded(a) if self.copy_a else a
+        b_ok = _padded(b_nk) if self.copy_b else b_nk
+        workspace = self.workspace
+        if workspace is None:
+            workspace = _gemm_workspace(self.cfg, self.m, self.n, self.device, self.clusters)
+        self.launch((a_ok.data_ptr(), b_ok.data_ptr(), result.data_ptr(), self.m, self.n,
+                     a_ok.shape[1], b_ok.shape[1], a_ok.stride(0),
+                     b_ok.stride(0 if self.b_k_major else 1), result.stride(0),
+                     _current_stream(self.device)), workspace)
+        return result
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream (torch's C entry where it has one:
+    a tenth of ``torch.cuda.current_stream``'s cost)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _gemm_plan(a, b, b_nk, out, out_dtype, trans_b, load, config, pdl, allow_copy):
+    """Check a GEMM call and decide everything its launch needs (``_GemmPlan``)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -213,7 +302,6 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
     tuning.check_load(load)
-    b_nk = b if trans_b else b.T
     (m, k), (n, k_b) = a.shape, b_nk.shape
     if k != k_b:
         shape_b = "(N, K)" if trans_b else "(K, N)"
@@ -233,42 +321,47 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         hw.check_box((1, 16 // out.element_size()), out.element_size(), "none",
                      global_strides_bytes=(out.stride(0) * out.element_size(),),
                      global_base=out.data_ptr())
-
-    result = out
-    if result is None:  # pad the row so its stride is 16-byte aligned; return the view
-        per = 16 // out_dtype.itemsize
-        result = torch.empty(m, -(-n // per) * per, dtype=out_dtype, device=a.device)[:, :n]
-    if m == 0 or n == 0:
-        return result
-    if k == 0:
-        return result.zero_()
-    a_ok = _aligned_operand(a, "a", allow_copy)
+    plan = _GemmPlan(m, n, k, out_dtype, a.device)
+    if m == 0 or n == 0 or k == 0:
+        return plan
+    plan.copy_a = _aligned_operand(a, "a", allow_copy) is not a
     b_ok = _aligned_operand(b_nk, "b", allow_copy)
-    if a_ok.stride(1) != 1:
+    plan.copy_b = b_ok is not b_nk
+    if a.stride(1) != 1 and not plan.copy_a:
         raise ValueError("a must be K-major (row-major (M, K)): an M-major A is not supported")
-    b_k_major = b_ok.stride(1) == 1
+    plan.b_k_major = b_ok.stride(1) == 1
     device_index = a.device.index or 0
-    cfg = config or _default_config(m, n, k, load, runtime.sm_count(device_index), b_k_major,
-                                    tuning.deterministic_mode())
+    cfg = config or _default_config(m, n, k, load, runtime.sm_count(device_index),
+                                    plan.b_k_major, tuning.deterministic_mode())
     _check_deterministic(cfg)
-    tuning.check_tile_for_b(cfg, b_k_major)
+    tuning.check_tile_for_b(cfg, plan.b_k_major)
     if pdl and not cfg.pdl:
         cfg = _with_pdl(cfg)
-    clusters = runtime.max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
+    plan.clusters = runtime.max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
     # the tile order for where this card puts the grid's CTAs (an explicit config's too:
     # the order moves tiles between CTAs, never results; runtime.placement.switched_off()
-    # keeps a config's own raster order)
-    cfg = placement.ordered(cfg, m, n, k, device_index, clusters)
-    workspace = _gemm_workspace(cfg, m, n, a.device, clusters, device_index)
-    launch = runtime.gemm_launch(a.dtype, result.dtype, b_k_major, cfg, clusters, workspace)
-    launch((a_ok.data_ptr(), b_ok.data_ptr(), result.data_ptr(), m, n, a_ok.shape[1],
-            b_ok.shape[1], a_ok.stride(0), b_ok.stride(0 if b_k_major else 1), result.stride(0),
-            torch.cuda.current_stream(a.device).cuda_stream), workspace)
-    return result
+    # keeps a config's own raster order). During a CUDA-graph capture an unplaced shape
+    # keeps the scheduler's order (placing launches a probe); its plan is not kept.
+    plan.reusable = not torch.cuda.is_current_stream_capturing()
+    plan.cfg = placement.ordered(cfg, m, n, k, device_index, plan.clusters)
+    workspace = _gemm_workspace(plan.cfg, m, n, a.device, plan.clusters)
+    if plan.cfg.split_k == 1 and not plan.cfg.stream_k:
+        plan.workspace = workspace  # the order table, or nothing: the same on every stream
+    plan.launch = runtime.gemm_launch(a.dtype, out_dtype, plan.b_k_major, plan.cfg,
+                                      plan.clusters, workspace)
+    return plan
 
 
-def _gemm_workspace(cfg: GemmConfig, m: int, n: int, device, clusters: int,
-                    device_index: int) -> tuple:
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (rows, k) copied into a zero-padded buffer whose rows are 16-byte aligned."""
+    rows, k = x.shape
+    padded = torch.zeros(rows, -(-k // _ALIGN_ELEMS) * _ALIGN_ELEMS, dtype=x.dtype,
+                         device=x.device)
+    padded[:, :k] = x
+    return padded
+
+
+def _gemm_workspace(cfg: GemmConfig, m: int, n: int, device, clusters: int) -> tuple:
     """The DSL tensors a configuration's kernel takes besides A, B and C: split-K's slots and
     tickets, stream-K's slots and flags, or the order table (none otherwise)."""
     tile_elems = cfg.tile_m * cfg.tile_n
@@ -282,7 +375,7 @@ def _gemm_workspace(cfg: GemmConfig, m: int, n: int, device, clusters: int,
             return runtime.split_workspace(device, tiles, tile_elems, tiles, zeroed=True)
         return runtime.split_workspace(device, tiles * cfg.split_k, tile_elems, tiles)
     if cfg.order_table:  # the tiles' order as a table
-        return (None, None, placement.order_table(cfg, m, n, device_index, clusters))
+        return (None, None, placement.order_table(cfg, m, n, device.index or 0, clusters))
     return ()
 
 
@@ -316,8 +409,64 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     an ``AttentionConfig`` to run as it is (its head dim and causal flag must match; it
     overrides ``load``). Inputs whose head dim is not contiguous, or whose base or strides
     break TMA's 16-byte rule, are copied into a fresh contiguous tensor first (views of a
-    packed qkv tensor are fine as they are).
+    packed qkv tensor are fine as they are). Inside ``torch.compile`` the call is the custom
+    op ``torch.ops.cutetma.attention`` (no ``config`` there). Like ``gemm``, every call is a
+    plan remembered per problem (shapes, strides, dtype, device, options, alignment).
     """
+    if torch.compiler.is_compiling():
+        if config is not None:
+            raise ValueError("inside torch.compile, cutetma.attention takes no config")
+        out, lse = torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load)
+        return (out, lse) if return_lse else out
+    try:
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, k.device, v.device, q.data_ptr() % 16, k.data_ptr() % 16,
+               v.data_ptr() % 16, causal, softmax_scale, load, config)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _ATTENTION_PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _attention_plan(q, k, v, causal, softmax_scale, load, config)
+        if key is not None:
+            _ATTENTION_PLANS[key] = plan
+    out, lse = plan(q, k, v)
+    return (out, lse) if return_lse else out
+
+
+_ATTENTION_PLANS: dict = {}
+
+
+@dataclasses.dataclass
+class _AttentionPlan:
+    """One attention problem's launch, decided once: the configuration and its compiled
+    launch, the scale, the persistent grid's size, which inputs need a fresh copy."""
+
+    scale: float
+    launch: object = None  # None: nothing to compute (an empty problem, or no keys)
+    sms: int = 0
+    copies: tuple = (False, False, False)
+
+    def __call__(self, q, k, v):
+        b, s_q, h, _ = q.shape
+        # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's
+        # odd stride, unchanged whenever torch already calls the tensor contiguous
+        q, k, v = (x.clone(memory_format=torch.contiguous_format) if copy else x
+                   for x, copy in zip((q, k, v), self.copies, strict=True))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+        if self.launch is None:
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse
+        strides = [x.stride(i) for x in (q, k, v, out) for i in (1, 2, 0)]  # (seq, head, b)
+        self.launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                     b, s_q, k.shape[1], h, k.shape[2], q.shape[3], *strides, self.scale,
+                     self.sms, _current_stream(q.device)))
+        return out, lse
+
+
+def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionPlan:
+    """Check an attention call and decide what its launch needs (``_AttentionPlan``)."""
     from cutetma.kernels.attention import AttentionConfig
 
     names = ("q", "k", "v")
@@ -352,32 +501,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     elif (config.head_dim, config.causal) != (d, causal):
         raise ValueError(f"config is for head_dim={config.head_dim}, causal={config.causal}; "
                          f"the call has head_dim={d}, causal={causal}")
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    out, lse = _run_attention(q, k, v, scale, config)
-    return (out, lse) if return_lse else out
-
-
-def _run_attention(q, k, v, scale: float, cfg):
-    """Launch one compiled configuration on validated inputs; returns (out, lse)."""
-    b, s_q, h, _ = q.shape
-    # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's odd
-    # stride, unchanged whenever torch already calls the tensor contiguous
-    q, k, v = (x if x.stride(-1) == 1 and all(s * 2 % 16 == 0 for s in x.stride()[:-1])
-               and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
-               for x in (q, k, v))
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+    plan = _AttentionPlan(softmax_scale if softmax_scale is not None else d ** -0.5)
+    plan.copies = tuple(not (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+                             and all(s * 2 % 16 == 0 for s in x.stride()[:-1]))
+                        for x in (q, k, v))
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
-    sms = runtime.sm_count(q.device.index)  # the persistent grid: one CTA per SM
-    strides = [x.stride(i) for x in (q, k, v, out) for i in (1, 2, 0)]  # (seq, head, batch)
-    runtime.attention_launch(q.dtype, cfg)(
-        (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), b, s_q,
-         k.shape[1], h, k.shape[2], q.shape[3], *strides, scale, sms,
-         torch.cuda.current_stream(q.device).cuda_stream))
-    return out, lse
+        return plan
+    plan.sms = runtime.sm_count(q.device.index)  # the persistent grid: one CTA per SM
+    plan.launch = runtime.attention_launch(q.dtype, config)
+    return plan
 
 
 @torch.library.custom_op("cutetma::attention", mutates_args=())
