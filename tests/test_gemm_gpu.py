@@ -339,11 +339,10 @@ WIDE_TILES = [
 
 @pytest.mark.parametrize("variant", FITTED_WIDTHS + WIDE_TILES, ids=_named)
 def test_new_tile_widths(variant):
-    """Tile widths written on 2026-12-01 (session 14, first run on the H200 in session 15):
-    odd multiples of 16 and tiles wider than one WGMMA. Random shapes that are not
-    multiples of the tile, into poisoned buffers: fp16 with fp16 and fp32 outputs and B
-    given as (N, K) and as (K, N) (an N-major B of 80 columns is 160 bytes a row: a 32-byte
-    swizzle), bf16 with its own output (four compiled kernels a variant)."""
+    """Tile widths past the powers of two: odd multiples of 16 and tiles wider than one WGMMA.
+    Random shapes that are not multiples of the tile, into poisoned buffers: fp16 with fp16 and fp32
+    outputs and B given as (N, K) and as (K, N) (an N-major B of 80 columns is 160 bytes a row: a
+    32-byte swizzle), bf16 with its own output (four compiled kernels a variant)."""
     import torch
 
     for dtype in (torch.float16, torch.bfloat16):
@@ -441,7 +440,7 @@ def test_fitted_64_row_tiles(dtype):
 @pytest.mark.parametrize("options", [dict(load="tma"), dict(cluster=(2, 1)), dict(split_k=2),
                                      dict(load="cp_async")], ids=_named)
 def test_programmatic_dependent_launch_chain(options):
-    """``pdl=True`` (passed on the H200 in session 22): a chain of GEMMs, each reading the
+    """``pdl=True``: a chain of GEMMs, each reading the
     previous one's output, launched so that each may start while the one before finishes;
     eager and as a CUDA graph replayed on fresh inputs, every link checked against the fp32
     reference (a kernel that read its input before the previous kernel finished writing it
@@ -546,8 +545,10 @@ def order_tables(monkeypatch):
     """``(configuration, M, N)`` of every order table ``cutetma.gemm`` launches with: a spy
     on ``cutetma.runtime.placement.order_table`` (which builds each table once and keeps it
     on the device), called for every launch whose configuration has ``order_table`` on."""
+    from cutetma import ops
     from cutetma.runtime import placement
 
+    ops.clear_plans()  # a kept plan holds its table: no call would reach the spy
     seen = []
     real = placement.order_table
 
@@ -562,7 +563,7 @@ def order_tables(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_order_table_from_m_256(dtype, order_tables):
     """From M = 256 ``cutetma.gemm`` deals whole tiles from an order table by itself
-    (from M = 512 in session 20, from 256 in session 22): its default configurations there
+    (``TABLE_MIN_M``): its default configurations there
     (cooperative 128 x 256, pingpong 128 x 128 at short K, a (2, 1) multicast, 128 x 320 in
     (2, 1), the fitted widths below M = 512: 128 x 96 in (2, 1), 128 x 160) on shapes
     that are not multiples of the tile, into poisoned outputs, each with its table built; a
@@ -619,8 +620,8 @@ def test_automatic_multicast_at_small_m(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_automatic_pingpong_below_m_512(dtype):
-    """Where ``cutetma.gemm`` runs pingpong 128 x 128 by itself below M = 512 (written
-    2026-12-02, session 19: up to 24 k-tiles where its tiles fill a wave): shapes that are
+    """Where ``cutetma.gemm`` runs pingpong 128 x 128 by itself below M = 512 (up to 24
+    k-tiles where its tiles fill a wave): shapes that are
     not multiples of the tile (a partial last tile row and column, K not a multiple of 64),
     fp16 / fp32 outputs into poisoned buffers."""
     import torch
@@ -698,7 +699,7 @@ def test_graph_survives_workspace_growth():
     replay_and_check(graph, a, b, out, 2)
 
 
-# written 2026-12-02 (session 16): two epilogue buffers where they free a mainloop stage (the
+# two epilogue buffers where they free a mainloop stage (the
 # default for 96 / 192-wide tiles and most fp32 outputs), one buffer, pingpong's one buffer
 # each, alone, multicast, split and persistent (many tiles a CTA)
 EPILOGUE_BUFFERS = [

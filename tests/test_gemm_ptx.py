@@ -450,10 +450,10 @@ def test_stream_k_refuses_what_it_does_not_run():
                  f"{'-atomic' if c.split_sum == 'atomic' else ''}")
 def test_wgmma_stays_asynchronous(cfg):
     """ptxas on the configurations the benchmark offers: no C7520 / C7512 ("wgmma.mma_async
-    instructions are serialized ...") and no spills. Until 2026-11-30 (session 6) every
-    pingpong configuration had C7520: ptxas could not prove ``if mine`` warpgroup-uniform,
-    so each WGMMA waited for the one before, and pingpong ran at about half the cooperative
-    kernel's speed on the H200 (gemm_split_every.json: 238 vs 438 TFLOP/s at 128 x 128)."""
+    instructions are serialized ...") and no spills. Before ``if mine`` was made warp-uniform, every
+    pingpong configuration had C7520: ptxas could not prove the branch warpgroup-uniform, so each
+    WGMMA waited for the one before, and pingpong ran at about half the cooperative kernel's speed
+    on the H200 (gemm_split_every.json: 238 vs 438 TFLOP/s at 128 x 128)."""
     log = build.ptxas_log(build.compile_gemm(cfg, "Float16").ptx)
     assert "C7520" not in log and "C7512" not in log, log
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log

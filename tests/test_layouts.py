@@ -1,12 +1,12 @@
 """CuTe layout algebra against the hardware model, byte for byte, and the unit trap.
 
-Every mode x element width (1, 2, 4 bytes) x 2D box (8 to 256 rows, every legal inner
-width of the swizzled modes; unswizzled, every width up to 128 bytes and the powers of two
-past it, where nothing new can happen), every 3D grouped box and every MN-major tile: the
-byte address CuTe's algebra gives each element equals the model's. CuTe evaluating the
-layout itself confirms our reading of its spec on the first case of each kind, mode and
-width (each such check is another trace, and traces are most of the time and memory). ``test_flipped_model_bit_is_caught`` shows the comparison
-can fail: flip one bit of the model's XOR and every swizzled mode reports mismatches.
+Every mode x element width (1, 2, 4 bytes) x 2D box (8 to 256 rows, every legal inner width of the
+swizzled modes; unswizzled, every width up to 128 bytes and the powers of two past it, where nothing
+new can happen), every 3D grouped box and every MN-major tile: the byte address CuTe's algebra gives
+each element equals the model's. CuTe evaluating the layout itself confirms our reading of its spec
+on the first case of each kind, mode and width (each such check is another trace, and traces are
+most of the time and memory). ``test_flipped_model_bit_is_caught`` shows the comparison can fail:
+flip one bit of the model's XOR and every swizzled mode reports mismatches.
 """
 
 import numpy as np

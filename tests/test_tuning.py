@@ -230,7 +230,7 @@ def test_automatic_wide_multicast_past_m_512(mnk, wide):
 @pytest.mark.parametrize("mnk,schedule", [
     ((512, 16384, 512), "pingpong"),     # 8 k-tiles: pingpong won 11 of 12 such cells
     ((8192, 32768, 512), "pingpong"),
-    # M = 256 (four grids since session 12): ahead of the held-tile cooperative default in
+    # M = 256 (four grids): ahead of the held-tile cooperative default in
     # 16 of 16 timings at K = 512, the best TMA configuration in 7 of 8 at 256 x 24576 x 1536
     ((256, 16384, 512), "pingpong"), ((256, 32768, 512), "pingpong"),
     ((256, 24576, 1536), "pingpong"),
@@ -329,7 +329,7 @@ def test_fit_width_is_the_narrowest_that_fills_the_waves():
 
 def test_order_table_is_the_default_for_whole_tiles_from_m_256():
     """``cutetma.gemm`` deals whole tiles from an order table from M = 256 (the sustained
-    sweep at the cap: 35 of 36 cells faster at M = 2048 / 8192; session 22's A/B at M = 256,
+    sweep at the cap: 35 of 36 cells faster at M = 2048 / 8192; an A/B at M = 256,
     13 / 14 of 15 cells faster), not split-K or stream-K units, not below M = 256 (untimed
     there), and not where a cluster coordinate would not fit the table's 16 bits."""
     pays = tuning.order_table_pays

@@ -212,6 +212,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
                                                      out.device, out.data_ptr() % 16),
                torch.are_deterministic_algorithms_enabled(),
                torch.is_deterministic_algorithms_warn_only_enabled())
+        hash(key)
     except (AttributeError, TypeError):  # not tensors, or an option that cannot key a plan
         key = None
     plan = _GEMM_PLANS.get(key) if key is not None else None
@@ -422,6 +423,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, q.data_ptr() % 16, k.data_ptr() % 16,
                v.data_ptr() % 16, causal, softmax_scale, load, config)
+        hash(key)
     except (AttributeError, TypeError):
         key = None
     plan = _ATTENTION_PLANS.get(key) if key is not None else None

@@ -1,0 +1,302 @@
+"""Fill the on-disk compile cache ahead of time (``cutetma cache warm``).
+
+``gemm_entries`` and ``attention_entries`` turn problems into the kernels ``cutetma.gemm``
+and ``cutetma.attention`` would launch for them (``Entry``: dtypes, configuration, B's
+major, cluster count, workspace kind), one per distinct kernel; ``warm`` compiles each
+through the very functions the ops launch through (``runtime.gemm_launch``,
+``runtime.attention_launch``), so the cache keys are the ops' own, in worker processes
+(``multiprocessing``, spawn; ``import cutetma`` in each sets the arch), and reports each
+entry as it finishes: compiled, or already on disk (a hit).
+
+The GEMM's configuration is decided as ``ops.gemm`` decides it for a contiguous ``a`` (M, K)
+and ``b`` (N, K) (``b_layout="kn"``: ``b`` (K, N), ``trans_b=False``), output in the input
+dtype, outside ``torch.use_deterministic_algorithms``: ``tuning.select_gemm_config``, then
+the tile order. Where a Hopper GPU is present, with its SM count, its clusters' occupancy
+(``runtime.max_active_clusters``) and its probed placement (``runtime.placement.ordered``):
+exactly what ``cutetma.gemm`` launches there. Without one, as on an H200: 132 SMs and
+132 // cluster size clusters (the H200's occupancy for clusters of 2 can be lower, since a
+cluster's CTAs share a GPC: on such a card those entries miss and compile at their first
+call), the order table where ``placement.enabled()`` and ``order_table_pays`` (M >= 256,
+unsplit; its workspace a DSL tensor of the device type the launch passes), and below that
+the default raster band (the band ``placement.placed`` picks comes from a GPU probe: where
+it picks another, that entry misses). Split-K and stream-K configurations are not placed,
+so they always match.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import time
+
+H200_SMS = 132
+DTYPES = ("float16", "bfloat16")
+SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+LOADS = ("tma", "cp_async")
+B_LAYOUTS = ("nk", "kn")
+# the headline shapes and the linear layers of a Llama-3-8B-like model at 4096 tokens
+# (fused QKV, attention output, fused gate/up, down) and at 128 tokens (decode-sized batches)
+GEMM_PRESET = (
+    (4096, 4096, 4096), (8192, 8192, 8192),
+    (4096, 6144, 4096), (4096, 28672, 4096), (4096, 4096, 14336),
+    (128, 6144, 4096), (128, 4096, 4096), (128, 28672, 4096), (128, 4096, 14336),
+)
+ATTENTION_PRESET = tuple((d, causal) for d in (64, 128, 256) for causal in (False, True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One compiled kernel: what ``runtime.gemm_launch`` / ``runtime.attention_launch`` is
+    called with. ``workspace``: "" (none), "split" (split-K / stream-K slots and flags) or
+    "order_table". ``problems``: the problems that launch it (for the progress line)."""
+
+    op: str
+    dtype: str
+    cfg: object
+    out_dtype: str = ""
+    b_k_major: bool = True
+    clusters: int = 0
+    workspace: str = ""
+    problems: tuple = ()
+
+    @property
+    def kernel(self) -> tuple:
+        """What tells two entries apart (``problems`` does not)."""
+        return (self.op, self.dtype, self.out_dtype, self.b_k_major, self.cfg, self.clusters,
+                self.workspace)
+
+    def name(self) -> str:
+        cfg = self.cfg
+        if self.op == "attention":
+            return (f"attention {SHORT[self.dtype]} d={cfg.head_dim}"
+                    f"{' causal' if cfg.causal else ''} {cfg.load}")
+        parts = [f"gemm {SHORT[self.dtype]} {cfg.tile_m}x{cfg.tile_n}"]
+        if cfg.cluster_m * cfg.cluster_n > 1:
+            parts.append(f"cluster {cfg.cluster_m}x{cfg.cluster_n}")
+        if cfg.schedule != "cooperative":
+            parts.append(cfg.schedule)
+        if cfg.split_k > 1:
+            parts.append(f"split {cfg.split_k} {cfg.split_sum}")
+        if cfg.order_table:
+            parts.append("order table")
+        if not self.b_k_major:
+            parts.append("B (K, N)")
+        parts.append(cfg.load)
+        shown = ", ".join("x".join(map(str, p)) for p in self.problems[:2])
+        more = f" +{len(self.problems) - 2}" if len(self.problems) > 2 else ""
+        return " ".join(parts) + (f" [{shown}{more}]" if shown else "")
+
+
+def _distinct(entries) -> list[Entry]:
+    """One entry per kernel, in first-seen order, with every problem that launches it."""
+    merged: dict = {}
+    for entry in entries:
+        seen = merged.get(entry.kernel)
+        if seen is None:
+            merged[entry.kernel] = entry
+        elif entry.problems and entry.problems[0] not in seen.problems:
+            merged[entry.kernel] = dataclasses.replace(
+                seen, problems=seen.problems + entry.problems)
+    return list(merged.values())
+
+
+def gpu_present() -> bool:
+    """Whether a Hopper GPU can be asked for its counts and placement here."""
+    from cutetma.kernels.build import gpu_unavailable
+
+    return gpu_unavailable() is None
+
+
+def gemm_entry(m: int, n: int, k: int, dtype: str = "bfloat16", load: str = "tma",
+               b_layout: str = "nk", gpu: bool = False) -> Entry:
+    """The kernel ``cutetma.gemm`` launches for this problem (the module docstring says how,
+    with ``gpu`` and without)."""
+    from cutetma.runtime import device, placement
+    from cutetma.tuning import gemm as tuning
+
+    b_k_major = b_layout == "nk"
+    sms = device.sm_count(0) if gpu else H200_SMS
+    cfg = tuning.select_gemm_config(m, n, k, load=tuning.check_load(load), sm_count=sms,
+                                    b_k_major=b_k_major)
+    tuning.check_tile_for_b(cfg, b_k_major)
+    size = cfg.cluster_m * cfg.cluster_n
+    if gpu:
+        clusters = device.max_active_clusters(size, 0)
+        cfg = placement.ordered(cfg, m, n, k, 0, clusters)
+    else:
+        clusters = H200_SMS // size
+        if placement.enabled() and tuning.order_table_pays(m, n, cfg):
+            cfg = placement.with_order_table(cfg)
+    workspace = ("split" if cfg.stream_k or cfg.split_k > 1 else
+                 "order_table" if cfg.order_table else "")
+    return Entry("gemm", dtype, cfg, dtype, b_k_major, clusters, workspace, ((m, n, k),))
+
+
+def gemm_entries(problems, dtypes=DTYPES, loads=("tma",), b_layouts=("nk",),
+                 gpu: bool = False) -> list[Entry]:
+    """``gemm_entry`` of every (problem, dtype, load, B layout), one per distinct kernel."""
+    return _distinct(gemm_entry(m, n, k, dtype, load, layout, gpu)
+                     for dtype in dtypes for load in loads for layout in b_layouts
+                     for m, n, k in problems)
+
+
+def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
+    """The kernel ``cutetma.attention`` launches for each (head dim, causal), dtype and load
+    (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values)."""
+    from cutetma.kernels.attention import AttentionConfig
+
+    return _distinct(Entry("attention", dtype, AttentionConfig(head_dim=d, causal=causal,
+                                                               load=load))
+                     for dtype in dtypes for load in loads for d, causal in specs)
+
+
+# ---------------------------------------------------------------------------- compiling
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+_NO_DELETE = _DELETER(lambda _: None)  # the memory is the _DeviceVector's own
+_DL_CUDA, _DL_INT, _DL_FLOAT = 2, 0, 2
+_CAPSULE = ctypes.pythonapi.PyCapsule_New
+_CAPSULE.restype = ctypes.py_object
+_CAPSULE.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class _DeviceVector:
+    """A DLPack producer describing a 1D CUDA vector (no memory behind it): what
+    ``from_dlpack`` reads of a torch CUDA tensor, on a machine without a GPU. Compiling needs
+    only the type (element, address space: a CUDA tensor is ``gmem``, a CPU one
+    ``generic``, which is another key and another kernel), never the data."""
+
+    def __init__(self, float32: bool, length: int = 64):
+        self._shape = (ctypes.c_int64 * 1)(length)
+        self._strides = (ctypes.c_int64 * 1)(1)
+        self._managed = _DLManagedTensor()
+        t = self._managed.dl_tensor
+        t.data, t.device, t.ndim = 1 << 40, _DLDevice(_DL_CUDA, 0), 1
+        t.dtype = _DLDataType(_DL_FLOAT if float32 else _DL_INT, 32, 1)
+        t.shape, t.strides = self._shape, self._strides
+        self._managed.deleter = _NO_DELETE
+
+    def __dlpack__(self, stream=None):
+        return _CAPSULE(ctypes.addressof(self._managed), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (_DL_CUDA, 0)
+
+
+_KEEP: list = []  # the producers behind the workspace tensors, alive for the process
+
+
+def device_vector(float32: bool, align: int):
+    """A DSL tensor of the type ``from_dlpack(t, assumed_align=align).mark_layout_dynamic()``
+    gives a 1D fp32 (``float32``) or int32 CUDA tensor ``t``: the workspaces' type."""
+    from cutlass.cute.runtime import from_dlpack
+
+    producer = _DeviceVector(float32)
+    _KEEP.append(producer)
+    return from_dlpack(producer, assumed_align=align).mark_layout_dynamic()
+
+
+def workspace_tensors(kind: str) -> tuple:
+    """The workspace argument ``ops.gemm`` passes for this kind (``ops._gemm_workspace``):
+    split-K's fp32 slots (16-byte aligned) and int32 flags, or the int32 order table."""
+    if kind == "split":
+        return device_vector(True, 16), device_vector(False, 4)
+    if kind == "order_table":
+        return None, None, device_vector(False, 4)
+    return ()
+
+
+def _launch(entry: Entry) -> None:
+    import torch
+
+    from cutetma.runtime import launch
+
+    dtype = getattr(torch, entry.dtype)
+    if entry.op == "attention":
+        launch.attention_launch(dtype, entry.cfg)
+    else:
+        launch.gemm_launch(dtype, getattr(torch, entry.out_dtype), entry.b_k_major, entry.cfg,
+                           entry.clusters, workspace_tensors(entry.workspace))
+
+
+def compile_entry(entry: Entry) -> tuple[str, float, str]:
+    """Compile one entry into the cache (or find it there): ``(status, seconds, error)``,
+    status ``"compiled"``, ``"hit"`` or ``"failed"``. A worker process's task."""
+    from cutetma.runtime import cache
+
+    compiled = []
+    original = cache.load_or_compile
+
+    def counting(key_parts, compile_fn):  # a compile_fn that runs is a miss
+        def compile_and_count():
+            compiled.append(True)
+            return compile_fn()
+
+        return original(key_parts, compile_and_count)
+
+    start = time.perf_counter()
+    cache.load_or_compile = counting
+    try:
+        _launch(entry)
+    except Exception as e:  # noqa: BLE001 - one failed entry should not stop the others
+        lines = str(e).strip().splitlines()
+        return "failed", time.perf_counter() - start, (
+            f"{type(e).__name__}: {lines[0] if lines else ''}")
+    finally:
+        cache.load_or_compile = original
+    return ("compiled" if compiled else "hit"), time.perf_counter() - start, ""
+
+
+def _task(indexed):
+    index, entry = indexed
+    return index, compile_entry(entry)
+
+
+def default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def warm(entries, jobs: int | None = None, progress=None) -> list[tuple[str, float, str]]:
+    """Compile ``entries`` into the cache in ``jobs`` worker processes (spawned; 1: in this
+    process), calling ``progress(done, total, entry, result)`` as each finishes; the results
+    in ``entries``' order."""
+    entries = list(entries)
+    jobs = max(1, min(jobs or default_jobs(), len(entries) or 1))
+    results: list = [None] * len(entries)
+
+    def finished(done, index, result):
+        results[index] = result
+        if progress is not None:
+            progress(done, len(entries), entries[index], result)
+
+    if jobs == 1:
+        for done, indexed in enumerate(enumerate(entries), 1):
+            finished(done, *_task(indexed))
+        return results
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for done, (index, result) in enumerate(
+                pool.imap_unordered(_task, enumerate(entries)), 1):
+            finished(done, index, result)
+    return results
