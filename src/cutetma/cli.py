@@ -13,13 +13,17 @@ subcommand -> ``cutetma.swizzle`` computes -> ``cutetma.viz.text`` words it for 
     cutetma swizzle html    --out FILE          (the interactive explorer, one file)
     cutetma swizzle hardware [--quick] [--out DIR]   (GPU: hardware vs model vs CuTe)
     cutetma tour            [--out DIR]         (default DIR: ./cutetma-tour)
+    cutetma cache info      [--list] [--json]   (the on-disk compile cache)
+    cutetma cache clear
+    cutetma cache warm      [--gemm MxNxK,...] [--attention d[,causal] ...]
+                            [--dtypes float16,bfloat16] [--load tma,cp_async] [--jobs N]
     cutetma --version
 
 Every user mistake -- an argparse complaint, a ``ValueError`` naming the TMA rule the model
 refuses, an output path that cannot be written -- becomes exactly one ``cutetma: error: ...``
 line on stderr and exit code 2. Output paths are checked before anything is computed: no
-folder is created except the one ``figures`` / ``tour`` / ``hardware --out`` names (and that
-one is announced), no file is written anywhere but where it was asked to go, and every file
+folder is created except the one ``figures`` / ``tour`` / ``hardware --out`` names and the
+compile cache's folder that ``cache warm`` fills (each announced), no file is written anywhere but where it was asked to go, and every file
 written is named on the way out.
 """
 
@@ -45,7 +49,7 @@ USAGE_ERROR = 2
 MAX_ROWS = swizzle.MAX_BOX_DIM
 MAX_ROW_BYTES = swizzle.MAX_BOX_DIM * swizzle.mode("128B").span
 # options whose value may start with '-' (argparse would take "-8x64" for an option)
-VALUE_OPTIONS = ("--box", "--rows", "--row-bytes", "--column")
+VALUE_OPTIONS = ("--box", "--rows", "--row-bytes", "--column", "--gemm", "--jobs")
 TOUR_OUT = "cutetma-tour"
 
 # The chapter's three worked examples, shared by `swizzle figures` and `tour`.
@@ -608,6 +612,194 @@ def tour(args) -> int:
     return log.status
 
 
+# --------------------------------------------------------------------------- cache
+GEMM_SIZE_WHY = " (the GEMM takes sizes as Int32)"
+
+
+def _gemm_problems(value: str) -> list[tuple[int, int, int]]:
+    """``MxNxK[,MxNxK...]`` (or ``preset``) as a list of (M, N, K)."""
+    from cutetma.runtime import warm
+
+    if value.strip().lower() == "preset":
+        return list(warm.GEMM_PRESET)
+    problems = []
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*([+-]?\d+)\s*[xX]\s*([+-]?\d+)\s*[xX]\s*([+-]?\d+)\s*", part)
+        if not match:
+            raise ValueError(f"GEMM problem {_shown(part)!r} is not MxNxK, e.g. 4096x4096x4096")
+        problems.append(tuple(_integer(match[i], f"GEMM {name}", 1, 2**31 - 1, GEMM_SIZE_WHY)
+                              for i, name in ((1, "M"), (2, "N"), (3, "K"))))
+    return problems
+
+
+def _attention_spec(value: str) -> list[tuple[int, bool]]:
+    """``d`` or ``d,causal`` (or ``preset``) as a list of (head dim, causal)."""
+    from cutetma.runtime import warm
+
+    if value.strip().lower() == "preset":
+        return list(warm.ATTENTION_PRESET)
+    match = re.fullmatch(r"\s*([+-]?\d+)\s*(?:,\s*(causal)\s*)?", value, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"attention spec {_shown(value)!r} is not d or d,causal, e.g. "
+                         "128,causal")
+    d = _integer(match[1], "head dim", 1, 256)
+    if d not in (64, 128, 256):
+        raise ValueError(f"head dim {d}: the attention kernel takes 64, 128 or 256")
+    return [(d, bool(match[2]))]
+
+
+def _choices(allowed: tuple, aliases: dict, what: str):
+    """A parser of ``a,b,...`` over ``allowed`` (and ``aliases``), repeats dropped."""
+
+    def parse(value: str) -> list[str]:
+        chosen = []
+        for part in value.split(","):
+            name = aliases.get(part.strip().lower(), part.strip().lower())
+            if name not in allowed:
+                raise ValueError(f"{what} {_shown(part.strip())!r}: one of {', '.join(allowed)}")
+            if name not in chosen:
+                chosen.append(name)
+        return chosen
+
+    return parse
+
+
+def _jobs(value: str) -> int:
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        raise ValueError(f"--jobs {_shown(value)!r} is not a whole number of processes")
+    return _integer(value.strip(), "--jobs", 1, 64)
+
+
+GEMM_PROBLEMS = _argument_type(_gemm_problems, "GEMM problems")
+ATTENTION_SPEC = _argument_type(_attention_spec, "attention spec")
+CACHE_DTYPES = _argument_type(_choices(("float16", "bfloat16"), {
+    "fp16": "float16", "half": "float16", "bf16": "bfloat16"}, "dtype"), "dtypes")
+CACHE_LOADS = _argument_type(_choices(("tma", "cp_async"), {"cp.async": "cp_async"}, "load"),
+                             "loads")
+B_LAYOUTS = _argument_type(_choices(("nk", "kn"), {}, "B layout"), "B layouts")
+JOBS = _argument_type(_jobs, "jobs")
+
+
+def _default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _cache():
+    from cutetma.runtime import cache
+
+    return cache
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _entry_dtypes(parts: dict) -> str:
+    """The distinct element types of an entry's pointer arguments, in order (A, B, C)."""
+    names = []
+    for arg in parts.get("kernel", {}).get("args", []):
+        match = re.match(r"Pointer\[(\w+)", arg) if isinstance(arg, str) else None
+        if match and match[1] not in names:
+            names.append(match[1])
+    return ",".join(names) or "-"
+
+
+def run_cache_info(args) -> int:
+    """Where the compile cache is, whether it is on, what it holds (``--list``: each entry)."""
+    cache = _cache()
+    facts = cache.info()
+    listed = cache.entries() if args.list else []
+    current = cache.environment() if any("parts" in e for e in listed) else None
+    rows = [{"key": e.get("key", Path(e["path"]).stem), "bytes": e.get("bytes", 0),
+             "entry": e.get("parts", {}).get("kernel", {}).get("entry", "?"),
+             "dtypes": _entry_dtypes(e.get("parts", {})),
+             "config": e.get("parts", {}).get("kernel", {}).get("config", "?"),
+             "current": e.get("parts", {}).get("env") == current,
+             **({"error": e["error"]} if "error" in e else {})} for e in listed]
+    if args.json:
+        print(json.dumps({**facts, **({"list": rows} if args.list else {})}))
+        return 0
+    where = ("CUTETMA_CACHE_DIR" if os.environ.get("CUTETMA_CACHE_DIR")
+             else "default; CUTETMA_CACHE_DIR moves it")
+    print(f"folder:  {facts['dir']} ({where})")
+    print("enabled: " + ("yes (CUTETMA_CACHE=0 turns it off)" if facts["enabled"]
+                         else f"no (CUTETMA_CACHE={os.environ.get('CUTETMA_CACHE', '')})"))
+    print(f"entries: {facts['entries']}, {_size(facts['bytes'])}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['key'][:12]}  unreadable: {row['error']}")
+            continue
+        other = "" if row["current"] else "  (another build: never loaded by this one)"
+        print(f"{row['key'][:12]}  {_size(row['bytes']):>8}  {row['entry']}  {row['dtypes']}  "
+              f"{row['config']}{other}")
+    return 0
+
+
+def run_cache_clear(args) -> int:
+    cache = _cache()
+    removed = cache.clear()
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {cache.cache_dir()}")
+    return 0
+
+
+def run_cache_warm(args) -> int:
+    """Compile what ``cutetma.gemm`` / ``cutetma.attention`` would launch for the given
+    problems (``runtime.warm``), in worker processes, into the compile cache."""
+    cache = _cache()
+    if not cache.enabled():
+        raise UsageError(f"the compile cache is off (CUTETMA_CACHE="
+                         f"{os.environ.get('CUTETMA_CACHE', '')}): nothing would be kept; "
+                         "unset CUTETMA_CACHE to warm it")
+    from cutetma.runtime import warm
+
+    folder = cache.cache_dir()
+    created = not folder.exists()
+    with writing("cache folder", folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
+    if created:
+        _say(f"created folder {folder}", to_stderr=True)
+    neither = args.gemm is None and args.attention is None
+    gpu = warm.gpu_present()
+    entries = []
+    if args.gemm is not None or neither:
+        entries += warm.gemm_entries(args.gemm or warm.GEMM_PRESET, args.dtypes, args.load,
+                                     args.b_layout, gpu)
+    if args.attention is not None or neither:
+        specs = [spec for group in args.attention or () for spec in group]
+        entries += warm.attention_entries(specs or warm.ATTENTION_PRESET, args.dtypes,
+                                          args.load)
+    jobs = min(args.jobs, len(entries)) if entries else 1
+    machine = ("this GPU's SM count, cluster occupancy and probed tile order" if gpu else
+               f"no GPU here: GEMMs as on an H200 ({warm.H200_SMS} SMs, {warm.H200_SMS} // "
+               "cluster size clusters, the default raster band below M = 256)")
+    _say(f"warming {len(entries)} entries into {folder} with {jobs} worker"
+         f"{'s' if jobs > 1 else ''} ({machine})", to_stderr=True)
+    width = max((len(e.name()) for e in entries), default=0)
+    counts = {"compiled": 0, "hit": 0, "failed": 0}
+
+    def progress(done, total, entry, result):
+        status, seconds, error = result
+        counts[status] += 1
+        shown = {"hit": "hit", "compiled": "compiled"}.get(status, f"FAILED: {error}")
+        _say(f"[{done:>{len(str(total))}}/{total}] {entry.name():<{width}} {seconds:6.1f} s "
+             f"{shown}", to_stderr=True)
+
+    start = time.perf_counter()
+    warm.warm(entries, jobs, progress)
+    seconds = time.perf_counter() - start
+    failed = f", {counts['failed']} FAILED" if counts["failed"] else ""
+    print(f"{len(entries)} entries: {counts['compiled']} compiled, {counts['hit']} already "
+          f"there{failed}; {seconds:.1f} s with {jobs} worker{'s' if jobs > 1 else ''} "
+          f"({folder})")
+    return 1 if counts["failed"] else 0
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cutetma", description="Where TMA puts bytes in shared memory.")
@@ -703,6 +895,44 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"folder for the figures, created if only it is missing (default: ./{TOUR_OUT})",
     )
     tour_parser.set_defaults(run=tour)
+
+    cache_parser = commands.add_parser(
+        "cache", help="the on-disk compile cache: info, clear, warm")
+    cache_commands = cache_parser.add_subparsers(dest="what", required=True, metavar="WHAT")
+    info_parser = cache_commands.add_parser(
+        "info", help="the folder, whether it is on, entries and bytes")
+    info_parser.add_argument("--list", action="store_true",
+                             help="one line per entry: key, size, entry point, dtypes, config")
+    info_parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info_parser.set_defaults(run=run_cache_info)
+    clear_parser = cache_commands.add_parser("clear", help="remove every entry")
+    clear_parser.set_defaults(run=run_cache_clear)
+    warm_parser = cache_commands.add_parser(
+        "warm", help="compile what cutetma.gemm / cutetma.attention launch for given problems",
+        description="Compile the kernels cutetma.gemm and cutetma.attention would launch for "
+                    "these problems into the compile cache, so later processes load them from "
+                    "disk. With neither --gemm nor --attention: both preset lists; with one of "
+                    "them: only that one ('preset' names its preset list).")
+    warm_parser.add_argument(
+        "--gemm", type=GEMM_PROBLEMS, action="extend", metavar="MxNxK[,MxNxK...]",
+        help="GEMM problems, A (M, K) and B (N, K) (default: 4096^3, 8192^3 and the linear "
+             "layers of a Llama-3-8B-like model at 4096 and 128 tokens)")
+    warm_parser.add_argument(
+        "--attention", type=ATTENTION_SPEC, action="extend", nargs="+", metavar="d[,causal]",
+        help="attention head dims, each optionally causal, e.g. 128 128,causal (default: "
+             "64, 128 and 256, causal and not)")
+    warm_parser.add_argument("--dtypes", type=CACHE_DTYPES, default=["float16", "bfloat16"],
+                             metavar="float16,bfloat16", help="(default: both)")
+    warm_parser.add_argument("--load", type=CACHE_LOADS, default=["tma"], metavar="tma,cp_async",
+                             help="producers (default: tma)")
+    warm_parser.add_argument(
+        "--b-layout", type=B_LAYOUTS, default=["nk"], metavar="nk,kn",
+        help="B as (N, K), gemm's default trans_b=True, or (K, N), trans_b=False "
+             "(torch.matmul's layout) (default: nk)")
+    warm_parser.add_argument("--jobs", type=JOBS, default=_default_jobs(), metavar="N",
+                             help=f"worker processes (default: {_default_jobs()}, "
+                                  "at most 4 and the CPU count)")
+    warm_parser.set_defaults(run=run_cache_warm)
     return parser
 
 

@@ -256,12 +256,19 @@ class _GemmPlan:
     workspace: tuple | None = None  # None: per call (split-K's belongs to the stream)
     reusable: bool = True  # False when chosen during a CUDA-graph capture (unplaced)
 
+    n_padded: int = 0  # the output's row length in memory: N rounded up to 16 bytes
+
+    def __post_init__(self):
+        per = 16 // self.out_dtype.itemsize
+        self.n_padded = -(-self.n // per) * per
+
     def __call__(self, a, b_nk, out):
         result = out
         if result is None:  # pad the row so its stride is 16-byte aligned; return the view
-            per = 16 // self.out_dtype.itemsize
-            result = torch.empty(self.m, -(-self.n // per) * per, dtype=self.out_dtype,
-                                 device=self.device)[:, :self.n]
+            result = torch.empty(self.m, self.n_padded, dtype=self.out_dtype,
+                                 device=self.device)
+            if self.n_padded != self.n:
+                result = result[:, :self.n]
         if self.cfg is None:
             return result if self.k else result.zero_()
         a_ok = _padded(a) if self.copy_a else a
@@ -441,29 +448,29 @@ _ATTENTION_PLANS: dict = {}
 @dataclasses.dataclass
 class _AttentionPlan:
     """One attention problem's launch, decided once: the configuration and its compiled
-    launch, the scale, the persistent grid's size, which inputs need a fresh copy."""
+    launch, which inputs need a fresh copy, and every scalar the kernel takes but the
+    pointers and the stream (sizes, the (seq, head, batch) strides of Q, K, V, O, the
+    scale, the persistent grid's size)."""
 
-    scale: float
     launch: object = None  # None: nothing to compute (an empty problem, or no keys)
-    sms: int = 0
     copies: tuple = (False, False, False)
+    scalars: tuple = ()
 
     def __call__(self, q, k, v):
         b, s_q, h, _ = q.shape
-        # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1 dim's
-        # odd stride, unchanged whenever torch already calls the tensor contiguous
-        q, k, v = (x.clone(memory_format=torch.contiguous_format) if copy else x
-                   for x, copy in zip((q, k, v), self.copies, strict=True))
+        if True in self.copies:
+            # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1
+            # dim's odd stride, unchanged whenever torch already calls the tensor contiguous
+            q, k, v = (x.clone(memory_format=torch.contiguous_format) if copy else x
+                       for x, copy in zip((q, k, v), self.copies, strict=True))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
         if self.launch is None:
             out.zero_()
             lse.fill_(float("-inf"))
             return out, lse
-        strides = [x.stride(i) for x in (q, k, v, out) for i in (1, 2, 0)]  # (seq, head, b)
-        self.launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                     b, s_q, k.shape[1], h, k.shape[2], q.shape[3], *strides, self.scale,
-                     self.sms, _current_stream(q.device)))
+        self.launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                     lse.data_ptr()) + self.scalars + (_current_stream(q.device),))
         return out, lse
 
 
@@ -503,13 +510,21 @@ def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionP
     elif (config.head_dim, config.causal) != (d, causal):
         raise ValueError(f"config is for head_dim={config.head_dim}, causal={config.causal}; "
                          f"the call has head_dim={d}, causal={causal}")
-    plan = _AttentionPlan(softmax_scale if softmax_scale is not None else d ** -0.5)
+    plan = _AttentionPlan()
     plan.copies = tuple(not (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
                              and all(s * 2 % 16 == 0 for s in x.stride()[:-1]))
                         for x in (q, k, v))
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys
         return plan
-    plan.sms = runtime.sm_count(q.device.index)  # the persistent grid: one CTA per SM
+    # the strides the launch will see: a copy's are contiguous; the output is empty_like(q)
+    seen = [torch.empty_strided(x.shape, x.stride(), device="meta").clone(
+                memory_format=torch.contiguous_format) if copy else x
+            for x, copy in zip((q, k, v), plan.copies, strict=True)]
+    seen.append(torch.empty_like(seen[0], device="meta"))
+    strides = [x.stride(i) for x in seen for i in (1, 2, 0)]  # (seq, head, batch)
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    sms = runtime.sm_count(q.device.index)  # the persistent grid: one CTA per SM
+    plan.scalars = (b, s_q, k.shape[1], h, h_kv, d, *strides, scale, sms)
     plan.launch = runtime.attention_launch(q.dtype, config)
     return plan
 

@@ -2,8 +2,8 @@
 
 A compiled function's ``__call__`` turns every argument into a C pointer to its value on
 each call (DLPack for tensors, adapters for streams): most of an eager call's host cost. A
-launch here keeps ctypes slots for the scalars (``SLOTS``, a subclass's), writes the call's
-values into them and hands their addresses to the compiled program, as the DSL's own call
+launch here keeps the scalars in one buffer (``SLOTS``, a subclass's), writes the call's
+values into it and hands their addresses to the compiled program, as the DSL's own call
 does (``tests/test_gemm_ptx.py::test_launch_args_match_the_dsl`` and its attention twin
 hold the lists equal, so a DSL whose convention changes fails there, not on the GPU).
 Workspace tensors (split-K's slots, the order table) are DSL tensors made once and cached.
@@ -12,6 +12,7 @@ Workspace tensors (split-K's slots, the order table) are DSL tensors made once a
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 
 import torch
@@ -21,32 +22,74 @@ from cutetma.runtime.device import cached
 _CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32"}
 
 
+_CODES = {ctypes.c_void_p: "P", ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_float: "f"}
+
+
 class PointerLaunch:
     """One compiled kernel entry whose runtime arguments are scalars (pointers, sizes,
-    strides, the stream), launched without the DSL's generic argument conversion."""
+    strides, the stream), launched without the DSL's generic argument conversion.
+
+    The scalars live in one buffer laid out like a C struct of ``SLOTS`` (a subclass's), so
+    a call writes them with a single ``struct.pack_into``. The compiled program takes the
+    slots' addresses (and the workspace descriptors'), which never move: the packed argument
+    array is built once per workspace and the call hands it to the program's C entry
+    directly (``run_compiled_program`` rebuilds it every time)."""
 
     SLOTS: tuple = ()
 
     def __init__(self, compiled):
         self.compiled = compiled
-        self._slots = [kind() for kind in self.SLOTS]
-        self._addresses = [ctypes.addressof(slot) for slot in self._slots]
-        self._run = None  # the executor, made on the first launch (it loads the module)
-        self._lock = threading.Lock()  # the slots are shared: one launch at a time
+        codes = [_CODES[kind] for kind in self.SLOTS]
+        self._struct = struct.Struct("@" + "".join(codes))
+        self._buffer = ctypes.create_string_buffer(max(self._struct.size, 1))
+        base = ctypes.addressof(self._buffer)
+        self._addresses = [base + struct.calcsize("@" + "".join(codes[:i + 1]))
+                           - struct.calcsize(code) for i, code in enumerate(codes)]
+        self._executor = None  # made on the first launch (it loads the module)
+        self._packed: dict = {}  # workspace -> the program's packed argument array
+        self._lock = threading.Lock()  # the buffer is shared: one launch at a time
 
     def args(self, values, workspace=()) -> list:
         """The compiled program's argument list for ``values`` (the scalars in ``SLOTS``
-        order) and the workspace tensors (``None`` where absent)."""
-        for slot, value in zip(self._slots, values, strict=True):
-            slot.value = value
+        order, written into the buffer) and the workspace tensors (``None`` where absent)."""
+        self._struct.pack_into(self._buffer, 0, *values)
         return self._addresses + [p for t in workspace if t is not None
                                   for p in t.__c_pointers__()]
 
     def __call__(self, values, workspace=()) -> None:
         with self._lock:
-            if self._run is None:
-                self._run = self.compiled.to().run_compiled_program
-            self._run(self.args(values, workspace))
+            self._struct.pack_into(self._buffer, 0, *values)
+            key = tuple(map(id, workspace))
+            entry = self._packed.get(key)
+            if entry is None:
+                entry = self._packed[key] = self._prepare(workspace)
+            run, packed = entry
+            run(packed)
+
+    def _prepare(self, workspace):
+        """(how to run, its argument) for this workspace: the program's C entry and a packed
+        array made once, or, where the executor does not expose them (another DSL version),
+        its ``run_compiled_program`` and the argument list."""
+        if self._executor is None:
+            self._executor = self.compiled.to()
+        executor = self._executor
+        exe_args = self._addresses + [p for t in workspace if t is not None
+                                      for p in t.__c_pointers__()]
+        try:
+            total = len(exe_args) + executor._num_extra_args
+            packed = executor._get_invoke_packed_args(exe_args)
+            own = (ctypes.c_void_p * total)(*packed[:total])
+            capi, result = executor.capi_func, executor.cuda_result
+        except AttributeError:
+            return executor.run_compiled_program, exe_args
+
+        def run(packed_args):
+            capi(packed_args)
+            if result is not None and result.value:
+                raise RuntimeError(f"{type(self).__name__}: the kernel launch failed with "
+                                   f"CUDA error {result.value}")
+
+        return run, own
 
 
 class GemmLaunch(PointerLaunch):
