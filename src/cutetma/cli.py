@@ -23,8 +23,8 @@ Every user mistake -- an argparse complaint, a ``ValueError`` naming the TMA rul
 refuses, an output path that cannot be written -- becomes exactly one ``cutetma: error: ...``
 line on stderr and exit code 2. Output paths are checked before anything is computed: no
 folder is created except the one ``figures`` / ``tour`` / ``hardware --out`` names and the
-compile cache's folder that ``cache warm`` fills (each announced), no file is written anywhere but where it was asked to go, and every file
-written is named on the way out.
+compile cache's folder that ``cache warm`` fills (each announced), no file is written
+anywhere but where it was asked to go, and every file written is named on the way out.
 """
 
 from __future__ import annotations
@@ -627,9 +627,21 @@ def _gemm_problems(value: str) -> list[tuple[int, int, int]]:
         match = re.fullmatch(r"\s*([+-]?\d+)\s*[xX]\s*([+-]?\d+)\s*[xX]\s*([+-]?\d+)\s*", part)
         if not match:
             raise ValueError(f"GEMM problem {_shown(part)!r} is not MxNxK, e.g. 4096x4096x4096")
-        problems.append(tuple(_integer(match[i], f"GEMM {name}", 1, 2**31 - 1, GEMM_SIZE_WHY)
+        problems.append(tuple(_gemm_size(match[i], name)
                               for i, name in ((1, "M"), (2, "N"), (3, "K"))))
     return problems
+
+
+def _gemm_size(digits: str, name: str) -> int:
+    """A GEMM size in 1..2^31 - 1 (``_integer`` reads at most 9 digits, below that bound)."""
+    magnitude = digits.lstrip("+-").lstrip("0") or "0"
+    if len(magnitude) > 9 and not digits.startswith("-"):
+        value = int(magnitude) if len(magnitude) <= 10 else 2**31
+        if value > 2**31 - 1:
+            raise ValueError(f"GEMM {name} must be at most {2**31 - 1}{GEMM_SIZE_WHY}, got "
+                             f"{_shown(digits)}")
+        return value
+    return _integer(digits, f"GEMM {name}", 1, 2**31 - 1, GEMM_SIZE_WHY)
 
 
 def _attention_spec(value: str) -> list[tuple[int, bool]]:
@@ -916,7 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm_parser.add_argument(
         "--gemm", type=GEMM_PROBLEMS, action="extend", metavar="MxNxK[,MxNxK...]",
         help="GEMM problems, A (M, K) and B (N, K) (default: 4096^3, 8192^3 and the linear "
-             "layers of a Llama-3-8B-like model at 4096 and 128 tokens)")
+             "layers of a Llama-3-8B-like model at 16 to 4096 tokens)")
     warm_parser.add_argument(
         "--attention", type=ATTENTION_SPEC, action="extend", nargs="+", metavar="d[,causal]",
         help="attention head dims, each optionally causal, e.g. 128 128,causal (default: "

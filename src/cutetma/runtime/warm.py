@@ -35,12 +35,14 @@ DTYPES = ("float16", "bfloat16")
 SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 LOADS = ("tma", "cp_async")
 B_LAYOUTS = ("nk", "kn")
-# the headline shapes and the linear layers of a Llama-3-8B-like model at 4096 tokens
-# (fused QKV, attention output, fused gate/up, down) and at 128 tokens (decode-sized batches)
+# the headline shapes and the linear layers of a Llama-3-8B-like model (fused QKV, attention
+# output, fused gate/up, down) at 4096 and 128 tokens, some at 512 and 16 (decode batches)
 GEMM_PRESET = (
     (4096, 4096, 4096), (8192, 8192, 8192),
     (4096, 6144, 4096), (4096, 28672, 4096), (4096, 4096, 14336),
+    (512, 6144, 4096), (512, 4096, 4096),
     (128, 6144, 4096), (128, 4096, 4096), (128, 28672, 4096), (128, 4096, 14336),
+    (16, 4096, 4096), (16, 4096, 14336),
 )
 ATTENTION_PRESET = tuple((d, causal) for d in (64, 128, 256) for causal in (False, True))
 
@@ -115,7 +117,9 @@ def gemm_entry(m: int, n: int, k: int, dtype: str = "bfloat16", load: str = "tma
     from cutetma.runtime import device, placement
     from cutetma.tuning import gemm as tuning
 
-    b_k_major = b_layout == "nk"
+    # B (K, N) reaches the kernel N-major, unless its rows break TMA's 16-byte rule (N not a
+    # multiple of 8): then ops copies it into a padded K-major buffer
+    b_k_major = b_layout == "nk" or n % 8 != 0
     sms = device.sm_count(0) if gpu else H200_SMS
     cfg = tuning.select_gemm_config(m, n, k, load=tuning.check_load(load), sm_count=sms,
                                     b_k_major=b_k_major)
