@@ -11,25 +11,21 @@ Nothing here chooses a configuration (that is ``cutetma.tuning``) or validates u
 (that is ``cutetma.ops``).
 """
 
-from cutetma.runtime.device import (
-    compiled,
-    cute_tensor,
-    max_active_clusters,
-    sm_count,
-    stream,
-)
-from cutetma.runtime.launch import (
-    AttentionLaunch,
-    GemmLaunch,
-    PointerLaunch,
-    attention_launch,
-    gemm_launch,
-    typed_pointer,
-)
-from cutetma.runtime.workspace import split_workspace
+_NAMES = {
+    "compiled": "device", "cute_tensor": "device", "max_active_clusters": "device",
+    "sm_count": "device", "stream": "device",
+    "AttentionLaunch": "launch", "GemmLaunch": "launch", "PointerLaunch": "launch",
+    "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
+    "split_workspace": "workspace",
+}
+__all__ = sorted(_NAMES)
 
-__all__ = [
-    "AttentionLaunch", "GemmLaunch", "PointerLaunch", "attention_launch", "compiled",
-    "cute_tensor", "gemm_launch", "max_active_clusters", "sm_count", "split_workspace",
-    "stream", "typed_pointer",
-]
+
+def __getattr__(name):
+    """The names above, imported on first use: ``runtime.cache`` (the CLI's ``cache info``)
+    then loads without torch."""
+    if name in _NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(f"cutetma.runtime.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'cutetma.runtime' has no attribute {name!r}")
