@@ -22,11 +22,13 @@ import warnings
 
 import torch
 
-from cutetma import runtime
+from cutetma import dsl, runtime
 from cutetma import swizzle as hw
 from cutetma.kernels.gemm_config import GemmConfig
 from cutetma.runtime import placement
 from cutetma.tuning import gemm as tuning
+
+dsl.cutlass()  # the DSL loads with the torch face, not inside a first call
 
 _SUPPORTED = {
     torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32, torch.int32,

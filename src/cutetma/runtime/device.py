@@ -13,13 +13,28 @@ _WIDTH_VIEW = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
 
 
 def compiled(key, make_kernel, *args):
-    """The kernel compiled for ``key`` (``cute.compile(make_kernel(), *args)`` on first use)."""
+    """The kernel compiled for ``key`` (``cute.compile(make_kernel(), *args)`` on first use,
+    through the on-disk compile cache: the probes a first call runs load in milliseconds)."""
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile(key, make_kernel, args)
+    return _COMPILED[key]
+
+
+def _compile(key, make_kernel, args):
+    from cutlass.cute.runtime import make_fake_stream
+
     from cutetma import dsl
+    from cutetma.runtime import cache
 
     _, cute = dsl.cutlass()
-    if key not in _COMPILED:
-        _COMPILED[key] = cute.compile(make_kernel(), *args)
-    return _COMPILED[key]
+    # compiled against a fake stream (only its type matters), called with the real one
+    compile_args = tuple(make_fake_stream() if type(a).__name__ == "CUstream" else a
+                         for a in args)
+    try:
+        parts = {"entry": repr(key), "args": cache.describe_args(*compile_args)}
+    except TypeError:  # an argument that cannot key an entry: compile in this process only
+        return cute.compile(make_kernel(), *args)
+    return cache.load_or_compile(parts, lambda: cute.compile(make_kernel(), *compile_args))
 
 
 def cached(key, make):

@@ -131,15 +131,18 @@ def gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspac
         _, cute = dsl.cutlass()
         from cutlass.cute.runtime import make_fake_stream
 
-        from cutetma.kernels.gemm_sm90 import HopperGemm
         from cutetma.runtime import cache
+
+        def compile_it():  # the kernel module is imported only on a miss
+            from cutetma.kernels.gemm_sm90 import HopperGemm
+
+            return cute.compile(HopperGemm(cfg).from_pointers, *args)
 
         args = (typed_pointer(ab_dtype), typed_pointer(ab_dtype), typed_pointer(c_dtype),
                 1, 1, 1, 1, 1, 1, 1, b_k_major, clusters, make_fake_stream(), *workspace)
         return GemmLaunch(cache.load_or_compile(
             {"entry": "HopperGemm.from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)},
-            lambda: cute.compile(HopperGemm(cfg).from_pointers, *args)))
+             "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters), build)
 
@@ -154,14 +157,17 @@ def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
         cutlass, cute = dsl.cutlass()
         from cutlass.cute.runtime import make_fake_stream
 
-        from cutetma.kernels.attention import FlashAttentionSm90
         from cutetma.runtime import cache
+
+        def compile_it():  # the kernel module is imported only on a miss
+            from cutetma.kernels.attention import FlashAttentionSm90
+
+            return cute.compile(FlashAttentionSm90(cfg).from_pointers, *args)
 
         args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
                 *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream())
         return AttentionLaunch(cache.load_or_compile(
             {"entry": "FlashAttentionSm90.from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)},
-            lambda: cute.compile(FlashAttentionSm90(cfg).from_pointers, *args)))
+             "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("attention", dtype, cfg), build)
