@@ -8,9 +8,8 @@ inputs, synchronizes, then times its first ``cutetma.gemm`` (bf16 4096^3) or ``c
 (bf16 (2, 2048, 16, 128), causal) call to the end of its kernel: ``first_call_s`` (the first call
 runs the placement probes and builds the tile order too); ``with_process_s`` the whole process,
 start and imports included. "empty": a fresh ``CUTETMA_CACHE_DIR`` (the call compiles); "warm": the
-same folder again (the call loads the compiled kernel).
-Writes ``cold_start.json``: rows ``{op, cache,
-first_call_s, with_process_s}``.
+same folder again (the call loads the compiled kernel). Writes ``cold_start.json``: rows
+``{op, cache, first_call_s, with_process_s}``.
 """
 
 from __future__ import annotations
