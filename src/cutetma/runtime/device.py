@@ -78,6 +78,9 @@ def max_active_clusters(cluster_size: int, device_index: int | None = None) -> i
         dsl.cutlass()
         import cutlass.utils as utils
 
+        # the DSL asks the driver in the current context: make torch create the device's
+        # (a process that has touched no CUDA tensor yet, e.g. `cutetma cache warm`, has none)
+        torch.cuda.synchronize(device)
         return utils.HardwareInfo(device).get_max_active_clusters(cluster_size)
 
     return cached(("max_active_clusters", cluster_size, device), ask)
