@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cutetma import __version__, cli
-from cutetma.cli import FIGURE_NAMES, main
+from cutetma.cli import FIGURE_NAMES, main, tour_cmd
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -281,13 +281,14 @@ def test_tour_progress_summary_and_default_folder(capsys, tmp_path, monkeypatch)
         raise RuntimeError("ptxas exploded\nsecond line")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "TOUR_STEPS", [cli._tour_figures, cli._tour_map,
-                                            cli._tour_compile, cli._tour_hardware])
-    monkeypatch.setattr(cli, "_load_dsl", lambda log, needed_by: True)
-    monkeypatch.setattr(cli, "_showcase_kernels",
+    # patched where the tour uses them (cutetma.cli re-exports the steps, not the seams)
+    monkeypatch.setattr(tour_cmd, "TOUR_STEPS", [cli._tour_figures, cli._tour_map,
+                                                 cli._tour_compile, cli._tour_hardware])
+    monkeypatch.setattr(tour_cmd, "_load_dsl", lambda log, needed_by: True)
+    monkeypatch.setattr(tour_cmd, "_showcase_kernels",
                         lambda: [("fake tma", lambda: ["cp.async.bulk.tensor"]),
                                  ("fake broken", broken)])
-    monkeypatch.setattr(cli, "_gpu_unavailable", lambda: "no CUDA GPU on this machine")
+    monkeypatch.setattr(tour_cmd, "_gpu_unavailable", lambda: "no CUDA GPU on this machine")
     assert main(["tour"]) == 1  # a kernel failed to compile
     lines = capsys.readouterr().out.splitlines()
     out = (tmp_path / cli.TOUR_OUT).resolve()

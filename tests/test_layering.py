@@ -25,7 +25,7 @@ LAYERS = [
     {"tuning"},
     {"runtime"},
     {"ops"},
-    {"hardware", "cli", "__main__"},
+    {"hardware", "cli", "__main__"},  # "cli": the package cutetma.cli and its modules
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
@@ -219,6 +219,7 @@ def test_the_checks_catch_a_longer_cycle_and_an_unknown_module(tmp_path):
 
 @pytest.mark.parametrize("module,expected", [
     ("cutetma.kernels.build", 3), ("cutetma.runtime", 5), ("cutetma.__main__", 7),
+    ("cutetma.cli", 7), ("cutetma.cli.args", 7), ("cutetma.cli.tour_cmd", 7),
     ("cutetma", None), ("cutetma.nowhere", -1),
 ])
 def test_layer_of_a_module(module, expected):
