@@ -48,6 +48,11 @@ def step_tests(args):
     a whole 500-second call on 2026-11-30.) ``--shards N`` runs N children side by side,
     each every N-th test (``tests/conftest.py``'s ``--shard``): compiling the kernels, not
     running them, is most of a GPU test's time, and the machine has 16 cores."""
+    from cutetma.runtime import cache
+
+    # the shards share one compile cache, the user's (tests/conftest.py would give each its
+    # own temporary folder): a second run, or one after `cutetma cache warm`, compiles little
+    os.environ.setdefault("CUTETMA_CACHE_DIR", str(cache.cache_dir()))
     targets = args.pytest or [str(ROOT / "tests")]
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider",
            *targets]
