@@ -16,21 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import eager_us  # noqa: E402  (wall time of back-to-back calls)
 
 GEMMS = [(256, 256, 256), (512, 512, 512), (1024, 1024, 256)]
 ATTENTIONS = [(1, 128, 8, 128), (1, 256, 8, 64), (2, 128, 16, 128)]
-
-
-def per_call_us(fn, calls: int) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(ours, peer, calls: int, rounds: int) -> tuple[float, float]:
@@ -39,8 +31,8 @@ def measure(ours, peer, calls: int, rounds: int) -> tuple[float, float]:
             fn()
     times = {"ours": [], "peer": []}
     for _ in range(rounds):
-        times["ours"].append(per_call_us(ours, calls))
-        times["peer"].append(per_call_us(peer, calls))
+        times["ours"].append(eager_us(ours, calls))
+        times["peer"].append(eager_us(peer, calls))
     return statistics.median(times["ours"]), statistics.median(times["peer"])
 
 
