@@ -32,3 +32,24 @@ def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = N
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key: output 0
     return (p @ vf).transpose(1, 2), lse
+
+
+def paged_attention_ref(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool = False,
+                        softmax_scale: float | None = None):
+    """fp32 attention over a paged cache (``cutetma.attention_with_kvcache``'s contract):
+    sequence i's keys are rows 0 .. cache_seqlens[i] - 1 of its pages, in page-table order.
+    Returns (out, lse) as ``attention_ref``."""
+    import torch
+
+    b, s_q, h, d = q.shape
+    page_size = k_cache.shape[1]
+    outs, lses = [], []
+    for i in range(b):
+        n = int(cache_seqlens[i])
+        pages = page_table[i, :(n + page_size - 1) // page_size].long()
+        k = k_cache[pages].flatten(0, 1)[:n][None]
+        v = v_cache[pages].flatten(0, 1)[:n][None]
+        out, lse = attention_ref(q[i:i + 1], k, v, causal, softmax_scale)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)

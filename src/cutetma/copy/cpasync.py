@@ -116,3 +116,35 @@ def load_tile(views, t0, t1, stage, bounds, tile):
                         cute.copy(tiled, src[(None, i, j)], dst[(None, i, j)])
                     else:
                         dst[(None, i, j)].fill(0)
+
+
+@cute.jit
+def partition_stage(sX, tile, tidx, num_threads: int, contiguous: int):
+    """One thread's cp.async views of a (rows, cols) shared-memory stage whose global source
+    is gathered row by row (``load_gathered``): ``(tiled copy, shared stages, coordinates
+    in the tile)``. ``contiguous``: the mode contiguous in global memory (1: rows, 0:
+    columns), the one the threads walk."""
+    tiled, _ = tiled_copy(sX.element_type, tile[0], tile[1], num_threads, contiguous,
+                          every_thread=True)
+    thr = tiled.get_slice(tidx)
+    return tiled, thr.partition_D(sX), thr.partition_S(cute.make_identity_tensor(tile))
+
+
+@cute.jit
+def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool):
+    """Copy one tile into shared-memory stage ``stage``, each 16-byte vector from
+    ``source(row, col)`` (a global tensor of one vector: the caller looks its row up, in a
+    page table for instance). Vectors whose coordinate along ``key_mode`` is ``valid`` or
+    more are skipped, or (``zero_past``) written as zeros: they meet real data in a product
+    (0 * garbage can be NaN)."""
+    tiled, tXsX, tXcX = views
+    dst = tXsX[(None, None, None, stage)]
+    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            crd = tXcX[(0, i, j)]
+            if crd[key_mode] < valid:
+                src = source(crd[0], crd[1])
+                cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
+                          dst[(None, i, j)])
+            elif cutlass.const_expr(zero_past):
+                dst[(None, i, j)].fill(0)

@@ -20,3 +20,6 @@ class GemmBarrier(enum.IntEnum):
 class AttentionBarrier(enum.IntEnum):
     # pingpong: warpgroup wg's turn to issue its two GEMMs (TURN + wg)
     TURN = 1
+    # TMA-paged: warpgroup wg's zeros in a V stage's rows past the sequence are written
+    # before its P V reads them (V_TAIL + wg, 128 threads)
+    V_TAIL = 4

@@ -258,3 +258,33 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
                            (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
     return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(), qkv(), qkv(), lse,
                            cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())
+
+
+@functools.cache
+def compile_paged_attention(cfg, dtype_name: str = "Float16"):
+    """The paged attention forward (``FlashAttentionSm90.paged``) for sm_90a: Q, O (s_q, d,
+    h, b) and the K / V pools (page_size, d, h_kv, pages) as ``ops`` passes them (dynamic
+    sizes and strides), the page table (b, max_pages) and cache lengths (b,) int32."""
+    from cutetma import dsl
+    from cutetma.kernels.attention import FlashAttentionSm90
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    dtype = getattr(cutlass, dtype_name)
+
+    def tensor(rows):
+        return make_fake_tensor(dtype, (rows, cute.sym_int32(), cute.sym_int32(),
+                                        cute.sym_int32()),
+                                (cute.sym_int64(), 1, cute.sym_int64(), cute.sym_int64()),
+                                assumed_align=16)
+
+    lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,
+                           (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
+    table = make_fake_tensor(cutlass.Int32, (cute.sym_int32(), cute.sym_int32()),
+                             (cute.sym_int64(), 1), assumed_align=4)
+    lengths = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    rows = cute.sym_int32()
+    return dsl.compile_ptx(FlashAttentionSm90(cfg).paged, tensor(rows), tensor(cfg.page_size),
+                           tensor(cfg.page_size), tensor(rows), lse, table, lengths,
+                           cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())

@@ -16,6 +16,7 @@ _NAMES = {
     "sm_count": "device", "stream": "device",
     "AttentionLaunch": "launch", "GemmLaunch": "launch", "PointerLaunch": "launch",
     "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
+    "paged_attention_launch": "launch",
     "split_workspace": "workspace",
 }
 __all__ = sorted(_NAMES)

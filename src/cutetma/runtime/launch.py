@@ -19,7 +19,8 @@ import torch
 
 from cutetma.runtime.device import cached
 
-_CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32"}
+_CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32",
+                torch.int32: "Int32"}
 
 
 _CODES = {ctypes.c_void_p: "P", ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_float: "f"}
@@ -108,6 +109,16 @@ class AttentionLaunch(PointerLaunch):
              + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
 
 
+class PagedAttentionLaunch(PointerLaunch):
+    """``FlashAttentionSm90.paged_from_pointers``: Q, K pool, V pool, O, LSE, page table,
+    cache lengths; batch, s_q, heads, kv heads, head dim, pages, max pages; the strides of
+    Q (seq, head, batch), the pools (row, head, page), O, the page table's row; the softmax
+    scale, the persistent grid's size; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 7 + (ctypes.c_int32,) * 7 + (ctypes.c_int64,) * 13
+             + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
+
+
 def typed_pointer(dtype: torch.dtype, align: int = 16):
     """A global-memory pointer of ``dtype``'s DSL type for compiling a ``from_pointers``
     entry: only its type (and alignment) matters to the compiler, not its address."""
@@ -171,3 +182,30 @@ def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
              "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("attention", dtype, cfg), build)
+
+
+def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:
+    """The ``PagedAttentionLaunch`` of this (dtype, configuration; the page size is the
+    configuration's), compiled on its first use; sizes and strides are runtime values."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.attention import FlashAttentionSm90
+
+            return cute.compile(FlashAttentionSm90(cfg).paged_from_pointers, *args)
+
+        args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
+                typed_pointer(torch.int32, 4), typed_pointer(torch.int32, 4),
+                *(1,) * 20, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream())
+        return PagedAttentionLaunch(cache.load_or_compile(
+            {"entry": "FlashAttentionSm90.paged_from_pointers", "config": repr(cfg),
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("paged_attention", dtype, cfg), build)

@@ -7,6 +7,7 @@ which results file shows it.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from cutetma.kernels.smem import smem_capacity
 
@@ -19,6 +20,8 @@ LOG2_E = 1.4426950408889634
 # 160 is the most they can have. TMA with two: FlashAttention-3's 24 / 240 (one thread issues
 # the loads); cp.async with two: 40 / 232, what its 128 copying threads need without spilling
 # the consumers. ptxas decides C7512 / spills here: tests/test_attention_ptx.py checks them.
+# Paged TMA: the producer looks up a page per box, which spilled at 24 registers; it takes
+# cp.async's budget.
 REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
              ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SCHEDULES = ("serial", "overlap", "pingpong")
@@ -83,6 +86,10 @@ class AttentionConfig:
     # "early", before block j's softmax, or "late", at the next iteration's start, so the
     # softmax runs under it; "": PV_WAIT's choice for the head dim
     pv_wait: str = ""
+    # paged K/V (``attention_with_kvcache``): keys per page of the cache pool, 0 for dense
+    # K/V. A compile-time constant (a deployment fixes its page size), so a key's page and
+    # its row in the page are a shift or a multiply, not a division.
+    page_size: int = 0
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -118,6 +125,13 @@ class AttentionConfig:
                              f"{REGISTERS[(self.load, 3)][1]} registers beside S and P")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages={self.q_stages}: 1 or 2")
+        if self.page_size < 0:
+            raise ValueError(f"page_size={self.page_size}: a positive number of keys, or 0")
+        if self.paged and self.load == "tma" and self.kv_box % 8:
+            raise ValueError(
+                f"page_size={self.page_size} with block_n={self.block_n}: a TMA box of K/V "
+                f"rows must start on a swizzle atom (8 rows); gcd(page_size, block_n) = "
+                f"{self.kv_box} is not a multiple of 8. load='cp_async' takes any page size")
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {smem_capacity() // 1024} KiB of shared memory)")
@@ -129,6 +143,23 @@ class AttentionConfig:
         q_bytes = 2 * self.block_m * self.head_dim * self.q_stages
         kv_bytes = 2 * 2 * self.block_n * self.head_dim
         return (smem_capacity() - 1024 - q_bytes) // kv_bytes
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def kv_box(self) -> int:
+        """Key rows per TMA box: a stage of ``block_n`` keys is ``block_n // kv_box`` boxes,
+        each inside one page (gcd(page_size, block_n): a stage may span several pages, and a
+        page several stages); dense K/V: the whole stage."""
+        return math.gcd(self.page_size, self.block_n) if self.paged else self.block_n
+
+    @property
+    def registers(self) -> tuple[int, int]:
+        """setmaxnreg's (producer, each consumer) budget (``REGISTERS``)."""
+        load = "cp_async" if self.paged else self.load
+        return REGISTERS[(load, self.consumers)]
 
     @property
     def consumers(self) -> int:

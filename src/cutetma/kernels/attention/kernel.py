@@ -8,7 +8,7 @@ from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
 from cutetma.kernels.attention import scheduler
-from cutetma.kernels.attention.config import LOG2_E, REGISTERS, WARPGROUP, AttentionConfig
+from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, AttentionConfig
 from cutetma.kernels.attention.epilogue import epilogue
 from cutetma.kernels.attention.masking import apply_mask
 from cutetma.kernels.attention.softmax import online_softmax, rescale
@@ -36,6 +36,22 @@ class FlashAttentionSm90:
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
         ``sm_count``: how many CTAs run at once, the persistent grid's size (one CTA per SM:
         its 384 or 512 threads fill the register file)."""
+        self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, stream)
+
+    @cute.jit
+    def paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+              mLSE: cute.Tensor, mPageTable: cute.Tensor, mSeqlensK: cute.Tensor,
+              softmax_scale: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """Paged K/V: mK, mV are the cache pools seen as (page_size, d, h_kv, pages) (the
+        torch (pages, page_size, h_kv, d) permuted); mPageTable (b, max_pages) int32 maps a
+        sequence's i-th page to a pool page; mSeqlensK (b,) int32 its number of keys. mQ,
+        mO, mLSE as in ``__call__`` (s_q the same for every sequence)."""
+        self._launch(mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
+                     stream)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
+                stream):
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
@@ -67,10 +83,19 @@ class FlashAttentionSm90:
                                             cfg.stages)
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)),
                                       (cfg.block_m, cfg.head_dim))
-        tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)),
-                                      (cfg.block_n, cfg.head_dim))
-        tma_v, mV_tma = tma.load_atom(mVt, cute.slice_(sV_layout, (None, None, 0)),
-                                      (cfg.head_dim, cfg.block_n))
+        # a K / V box: a whole stage (dense), or kv_box rows of it, each inside one page
+        # (paged): the stage's own layout cut to the box, so the box's swizzle phase is the
+        # stage's (kv_box is a multiple of the swizzle atom's 8 rows)
+        box = cfg.kv_box
+        k_box = cute.slice_(sK_layout, (None, None, 0))
+        v_box = cute.slice_(sV_layout, (None, None, 0))
+        if cutlass.const_expr(cfg.paged):
+            # (box, d) inside the stage's (block_n, d) coordinates: d's stride is block_n
+            k_box = cute.composition(k_box, cute.make_layout((box, cfg.head_dim),
+                                                             stride=(1, cfg.block_n)))
+            v_box = cute.composition(v_box, cute.make_layout((cfg.head_dim, box)))
+        tma_k, mK_tma = tma.load_atom(mK, k_box, (box, cfg.head_dim))
+        tma_v, mV_tma = tma.load_atom(mVt, v_box, (cfg.head_dim, box))
 
         @cute.struct
         class Storage:
@@ -86,9 +111,12 @@ class FlashAttentionSm90:
         items = scheduler.work_items(cfg, mQ.shape[0], mQ.shape[2], mQ.shape[3])
         grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
                 1, 1)
-        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE, qk_mma,
-                    pv_mma, sQ_layout, sK_layout, sV_layout, mK.shape[0],
-                    softmax_scale * LOG2_E).launch(
+        # dense: no page table or lengths; the kernel takes the LSE in their place, unread
+        if cutlass.const_expr(not cfg.paged):
+            mPageTable, mSeqlensK = mLSE, mLSE
+        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE,
+                    mPageTable, mSeqlensK, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
+                    mK.shape[0], softmax_scale * LOG2_E).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -119,6 +147,40 @@ class FlashAttentionSm90:
              view(pV, seqlen_k, heads_kv, v_s, v_h, v_b), view(pO, seqlen_q, heads, o_s, o_h, o_b),
              mLSE, softmax_scale, sm_count, stream)
 
+    @cute.jit
+    def paged_from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
+                            pO: cute.Pointer, pLSE: cute.Pointer, pPageTable: cute.Pointer,
+                            pSeqlensK: cute.Pointer, batch: cutlass.Int32,
+                            seqlen_q: cutlass.Int32, heads: cutlass.Int32,
+                            heads_kv: cutlass.Int32, head_dim: cutlass.Int32,
+                            pages: cutlass.Int32, max_pages: cutlass.Int32,
+                            q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
+                            k_s: cutlass.Int64, k_h: cutlass.Int64, k_p: cutlass.Int64,
+                            v_s: cutlass.Int64, v_h: cutlass.Int64, v_p: cutlass.Int64,
+                            o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
+                            table_b: cutlass.Int64, softmax_scale: cutlass.Float32,
+                            sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """``paged`` from base pointers, sizes and strides: Q, O (b, s_q, h, d); the pools
+        (pages, page_size, h_kv, d) with (row, head, page) strides; the page table
+        (b, max_pages) with row stride ``table_b``; the cache lengths (b,) contiguous; the
+        LSE a contiguous (b, h, s_q) fp32 tensor."""
+        def view(pointer, rows, count, outer, s, h, b):  # -> (rows, d, h, outer)
+            return cute.make_tensor(pointer, cute.make_layout(
+                (rows, head_dim, count, outer), stride=(s, 1, h, b)))
+
+        per_head = cutlass.Int64(seqlen_q)
+        mLSE = cute.make_tensor(pLSE, cute.make_layout(
+            (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+        table = cute.make_tensor(pPageTable, cute.make_layout((batch, max_pages),
+                                                              stride=(table_b, 1)))
+        lengths = cute.make_tensor(pSeqlensK, cute.make_layout((batch,), stride=(1,)))
+        size = self.cfg.page_size
+        self.paged(view(pQ, seqlen_q, heads, batch, q_s, q_h, q_b),
+                   view(pK, size, heads_kv, pages, k_s, k_h, k_p),
+                   view(pV, size, heads_kv, pages, v_s, v_h, v_p),
+                   view(pO, seqlen_q, heads, batch, o_s, o_h, o_b), mLSE, table, lengths,
+                   softmax_scale, sm_count, stream)
+
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
         """The same (s, d, h, b) tensor with its dynamic strides declared multiples of 16 bytes
@@ -143,7 +205,8 @@ class FlashAttentionSm90:
     def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_k: cute.CopyAtom,
                mK_tma: cute.Tensor, tma_v: cute.CopyAtom, mV_tma: cute.Tensor,
                mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor,
-               mO: cute.Tensor, mLSE: cute.Tensor, qk_mma: cute.TiledMma,
+               mO: cute.Tensor, mLSE: cute.Tensor, mPageTable: cute.Tensor,
+               mSeqlensK: cute.Tensor, qk_mma: cute.TiledMma,
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32):
@@ -184,99 +247,184 @@ class FlashAttentionSm90:
 
         seqlen_q, heads = mO.shape[0], mO.shape[2]
         items = scheduler.work_items(cfg, seqlen_q, heads, mO.shape[3])
-        producer_regs, consumer_regs = REGISTERS[(cfg.load, cfg.consumers)]
+        producer_regs, consumer_regs = cfg.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
-                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, items, heads, seqlen_q,
-                                 seqlen_k)
+                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, mPageTable, mSeqlensK,
+                                 items, heads, seqlen_q, seqlen_k)
             else:
                 self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                                      items, heads, seqlen_q, seqlen_k)
+                                      mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
-                         items, heads, seqlen_q, seqlen_k, scale_log2)
+                         mSeqlensK, items, heads, seqlen_q, seqlen_k, scale_log2)
 
     @cute.jit
     def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
-                mV_tma, sQ, sK, sV, items, heads, seqlen_q, seqlen_k):
+                mV_tma, sQ, sK, sV, mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k):
         """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
-        (the ring runs on across tiles), in ``_produce_tile``'s order."""
+        (the ring runs on across tiles), in ``_produce_tile``'s order. Paged: a stage is
+        ``block_n // kv_box`` boxes, each from the page its keys lie in (the pool's page is a
+        TMA coordinate); all of them complete on the stage's one barrier."""
         cfg = self.cfg
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
-        def tile_loaders(m_block, head, batch):
+        def tile_loaders(m_block, head, batch, kv_len):
             gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
                                  (m_block, 0))
-            gK = cute.local_tile(mK_tma[(None, None, head, batch)], (cfg.block_n, cfg.head_dim),
-                                 (None, 0))
-            gV = cute.local_tile(mV_tma[(None, None, head, batch)], (cfg.head_dim, cfg.block_n),
-                                 (0, None))
             _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
-            tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
-            tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
 
             def load_q(q_stage):
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
                 cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
 
+            if cutlass.const_expr(not cfg.paged):
+                gK = cute.local_tile(mK_tma[(None, None, head, batch)],
+                                     (cfg.block_n, cfg.head_dim), (None, 0))
+                gV = cute.local_tile(mV_tma[(None, None, head, batch)],
+                                     (cfg.head_dim, cfg.block_n), (0, None))
+                tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+                tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+
+                def load_k(j, state):
+                    self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                                     pipe_k.producer_get_barrier(state))
+
+                def load_v(j, state):
+                    self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                                     pipe_v.producer_get_barrier(state))
+
+                return load_q, load_k, load_v
+
+            # (box, d, box in page, 1, page) and (box, d, box in stage, 1, stage); V the same
+            # with its two leading modes swapped
+            box = cfg.kv_box
+            tKsK, tKgK = tma.partition(
+                tma_k, cute.flat_divide(sK, (box, cfg.head_dim)),
+                cute.flat_divide(mK_tma[(None, None, head, None)], (box, cfg.head_dim)),
+                box_rank=2)
+            tVsV, tVgV = tma.partition(
+                tma_v, cute.flat_divide(sV, (cfg.head_dim, box)),
+                cute.flat_divide(mV_tma[(None, None, head, None)], (cfg.head_dim, box)),
+                box_rank=2)
+
             def load_k(j, state):
-                self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
-                                 pipe_k.producer_get_barrier(state))
+                for i in cutlass.range_constexpr(cfg.block_n // box):
+                    page, at = self._page_of(mPageTable, batch, j * cfg.block_n + i * box,
+                                             kv_len)
+                    self.loader.load(tma_k, tKgK[(None, at, 0, page)],
+                                     tKsK[(None, i, 0, state.index)],
+                                     pipe_k.producer_get_barrier(state))
 
             def load_v(j, state):
-                self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
-                                 pipe_v.producer_get_barrier(state))
+                for i in cutlass.range_constexpr(cfg.block_n // box):
+                    page, at = self._page_of(mPageTable, batch, j * cfg.block_n + i * box,
+                                             kv_len)
+                    self.loader.load(tma_v, tVgV[(None, 0, at, page)],
+                                     tVsV[(None, 0, i, state.index)],
+                                     pipe_v.producer_get_barrier(state))
 
             return load_q, load_k, load_v
 
-        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
-                           tile_loaders)
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
+                           seqlen_k, tile_loaders)
 
     @cute.jit
-    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV, items,
-                         heads, seqlen_q, seqlen_k):
+    def _page_of(self, mPageTable, batch, key, kv_len):
+        """(pool page, box index inside it) of the box starting at ``key``; page -1 past the
+        sequence's keys: an out-of-range TMA coordinate, so the box lands as zeros (its
+        bytes still count) and no page-table entry past the sequence is trusted."""
+        page = cutlass.Int32(-1)
+        if key < kv_len:
+            page = mPageTable[batch, key // self.cfg.page_size]
+        return page, (key % self.cfg.page_size) // self.cfg.kv_box
+
+    @cute.jit
+    def _kv_len(self, mSeqlensK, batch, seqlen_k):
+        """Keys of this tile's sequence: ``seqlen_k`` (dense), or its cache length (paged)."""
+        if cutlass.const_expr(self.cfg.paged):
+            return mSeqlensK[batch]
+        return seqlen_k
+
+    @cute.jit
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
+                         mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k):
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
-        land. Key rows past s_k
-        are zeros in V (P is 0 there, and 0 * garbage can be NaN); in K they are masked."""
+        land. Key rows past s_k are zeros in V (P is 0 there, and 0 * garbage can be NaN);
+        in K they are masked. Paged: each 16-byte vector's source row is looked up in the
+        page table (the paper's cp.async-paged variant)."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
 
-        def tile_loaders(m_block, head, batch):
+        def tile_loaders(m_block, head, batch, kv_len):
             gQ = mQ[(None, None, head, batch)]  # (s_q, d)
-            gK = mK[(None, None, head, batch)]  # (s_k, d)
-            gVt = mVt[(None, None, head, batch)]  # (d, s_k)
             q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
-            k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP)
-            v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP)
 
             def load_q(q_stage):
                 cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
                               (cfg.block_m, cfg.head_dim))
                 self.loader.commit(q_full + q_stage)
 
+            if cutlass.const_expr(not cfg.paged):
+                gK = mK[(None, None, head, batch)]  # (s_k, d)
+                gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+                k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx,
+                                               WARPGROUP)
+                v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
+                                               WARPGROUP)
+
+                def load_k(j, state):
+                    cpa.load_tile(k_part, j, 0, state.index, gK.shape,
+                                  (cfg.block_n, cfg.head_dim))
+
+                def load_v(j, state):
+                    cpa.load_tile(v_part, 0, j, state.index, gVt.shape,
+                                  (cfg.head_dim, cfg.block_n))
+
+                return load_q, load_k, load_v
+
+            k_part = cpa.partition_stage(sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP, 1)
+            v_part = cpa.partition_stage(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 0)
+            vec = cpa.VECTOR_BYTES * 8 // mK.element_type.width
+            size = cfg.page_size
+
             def load_k(j, state):
-                cpa.load_tile(k_part, j, 0, state.index, gK.shape, (cfg.block_n, cfg.head_dim))
+                def key_vector(row, col):  # row: a key of block j; col: a d offset
+                    key = j * cfg.block_n + row
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mK[(key % size, None, head, page)], (vec,),
+                                           (col // vec,))
+
+                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
+                                  key_vector, zero_past=False)
 
             def load_v(j, state):
-                cpa.load_tile(v_part, 0, j, state.index, gVt.shape, (cfg.head_dim, cfg.block_n))
+                def value_vector(row, col):  # row: a d offset; col: a key of block j
+                    key = j * cfg.block_n + col
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mVt[(None, key % size, head, page)], (vec,),
+                                           (row // vec,))
+
+                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
+                                  value_vector, zero_past=True)
 
             return load_q, load_k, load_v
 
-        self._produce_walk(pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
-                           tile_loaders)
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
+                           seqlen_k, tile_loaders)
 
     @cute.jit
-    def _produce_walk(self, pipe_k, pipe_v, q_empty, items, heads, seqlen_q, seqlen_k,
-                      tile_loaders: cutlass.Constexpr):
+    def _produce_walk(self, pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
+                      seqlen_k, tile_loaders: cutlass.Constexpr):
         """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
-        head, batch)`` gives that tile's (load_q, load_k, load_v), traced once inside the
+        head, batch, keys)`` gives that tile's (load_q, load_k, load_v), traced once inside the
         iteration, so what they capture is this tile's; the ring position is carried as a
         plain count of key blocks (``_ring``), then the rings' tails."""
         cfg = self.cfg
@@ -287,8 +435,9 @@ class FlashAttentionSm90:
             item = worker + k * workers
             for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
                 m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
-                load_q, load_k, load_v = tile_loaders(m_block, head, batch)
-                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, seqlen_k)
+                kv_len = self._kv_len(mSeqlensK, batch, seqlen_k)
+                load_q, load_k, load_v = tile_loaders(m_block, head, batch, kv_len)
+                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, kv_len)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
                                    load_k, load_v)
                 done += n_blocks
@@ -344,8 +493,8 @@ class FlashAttentionSm90:
         return pipeline.PipelineState(stages, done, done % stages, phase)
 
     @cute.jit
-    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE, items,
-                heads, seqlen_q, seqlen_k, scale_log2):
+    def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
+                mSeqlensK, items, heads, seqlen_q, seqlen_k_all, scale_log2):
         """A consumer warpgroup, per tile: its 64 query rows against every key block."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -387,6 +536,7 @@ class FlashAttentionSm90:
             item = worker + k * workers
             for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
                 m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
+                seqlen_k = self._kv_len(mSeqlensK, batch, seqlen_k_all)
                 n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, seqlen_k)
                 row0 = m_block * cfg.block_m + row_in_block
                 read = self._ring(done)
@@ -422,6 +572,8 @@ class FlashAttentionSm90:
                         rescale(acc_o, correction)
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         self.loader.consumer_wait(pipe_v, read)
+                        if j == n_blocks - 1:
+                            self._zero_v_tail(sV, read.index, seqlen_k - j * cfg.block_n)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_v, read)
@@ -490,6 +642,8 @@ class FlashAttentionSm90:
                         tOrP_as_s.store(acc_s.load().to(mO.element_type))
                         rescale(acc_o, correction)
                         self.loader.consumer_wait(pipe_v, release)
+                        self._zero_v_tail(sV, release.index,
+                                          seqlen_k - (n_blocks - 1) * cfg.block_n)
                         self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                         warpgroup.wait_group(0)
                         self.loader.consumer_release(pipe_v, release)
@@ -499,6 +653,29 @@ class FlashAttentionSm90:
                          scale_log2)
                 done += n_blocks
                 local += 1
+
+    @cute.jit
+    def _zero_v_tail(self, sV, stage, keys):
+        """TMA-paged: zeros in V stage ``stage``'s keys ``keys`` .. block_n - 1 (past the
+        sequence; nothing when ``keys`` >= block_n) before P V reads them. A page's rows past
+        the sequence are in the pool's bounds, so the TMA brings whatever they hold (an
+        unwritten cache can hold NaN, and 0 * NaN is NaN); dense TMA and cp.async zero-fill
+        them. Only the tile's last block can need it. Each consumer warpgroup writes all the
+        zeros (the other may be reading the stage already: it reads the same zeros), then
+        orders them before its own WGMMA (proxy fence, the warpgroup's named barrier)."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.paged and cfg.load == "tma"):
+            if keys < cfg.block_n:
+                tidx, _, _ = cute.arch.thread_idx()
+                sVs = sV[(None, None, stage)]  # (d, block_n)
+                first = cutlass.max(keys, 0) * cfg.head_dim
+                for idx in cutlass.range(first + tidx % WARPGROUP, cfg.block_n * cfg.head_dim,
+                                         WARPGROUP, unroll=1):
+                    sVs[idx % cfg.head_dim, idx // cfg.head_dim] = sVs.element_type(0)
+                cute.arch.fence_view_async_shared()
+                pipeline.NamedBarrier(
+                    barrier_id=int(AttentionBarrier.V_TAIL) + tidx // WARPGROUP - 1,
+                    num_threads=WARPGROUP).arrive_and_wait()
 
     @cute.jit
     def _turn(self, pass_on: cutlass.Constexpr):

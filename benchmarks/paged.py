@@ -1,0 +1,252 @@
+"""Paged-KV attention on the H200: the seed paper's case study (section 4.3.2, Figures 3 and
+5), TMA-paged against cp.async-paged at every page size, beside FlashAttention-4's paged
+forward and both libraries' dense kernels, one run, the same randn data.
+
+    python benchmarks/paged.py [--quick] [--out DIR] [--dtypes bfloat16 float16]
+
+Prefill: b = 4, s_q = s_k = 4096, h = 32 query / 8 key-value heads, d = 128, causal and not,
+page sizes 16 .. 256; FLOPs = 4 b h s^2 d, halved for causal; TFLOP/s. Decode: s_q = 1,
+h 32 / 8, d = 128, random page tables; the K/V bytes a call must read over its time, TB/s.
+Columns: ``tma`` and ``cp_async`` (``cutetma.attention_with_kvcache`` with the producer
+forced), ``fa4`` (``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when
+the page is its key block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
+Every column is checked against the dense cutetma output first (a column that computes
+something else is an error, not a number). Times: CUDA-graph replays (``gemm.bench``), then
+``ROUNDS`` alternating rounds; a cell's figure is the median of its timings.
+Writes ``paged.json`` and ``paged.png`` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm import bench, progress  # noqa: E402
+
+PAGES = (16, 32, 64, 128, 256)
+PREFILL = dict(b=4, s=4096, h=32, h_kv=8, d=128)
+# (b, context, page size): FlashAttention-4's decode anchors (../shared/notes/peers-h200.md)
+DECODE = ((64, 4096, 128), (16, 16384, 128), (64, 4096, 16))
+ROUNDS = 3
+
+
+def paged_copy(k, v, page_size, generator):
+    """(k_cache, v_cache, page_table): the dense (b, s, h_kv, d) K/V scattered over a pool
+    in a random page order, as a serving engine's allocator leaves it."""
+    import torch
+
+    b, s, h_kv, d = k.shape
+    per_seq = (s + page_size - 1) // page_size
+    pages = b * per_seq
+    order = torch.randperm(pages, generator=generator).to(k.device)
+    k_cache = torch.zeros(pages, page_size, h_kv, d, device=k.device, dtype=k.dtype)
+    v_cache = torch.zeros_like(k_cache)
+    pad = per_seq * page_size - s
+    kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).view(pages, page_size, h_kv, d)
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).view(pages, page_size, h_kv, d)
+    k_cache[order] = kp
+    v_cache[order] = vp
+    table = order.view(b, per_seq).int()
+    return k_cache, v_cache, table
+
+
+def fa4():
+    try:
+        from flash_attn.cute import interface
+    except Exception as exc:  # not installed, or no GPU it supports
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+    return interface, None
+
+
+def time_columns(columns: dict, row: dict, work: float, rounds: int):
+    """Every column once, then ``rounds`` alternating rounds; ``row[name]`` = work / median
+    time (work in units per ms -> the row's unit)."""
+    times = {}
+    for name, fn in columns.items():
+        try:
+            times[name] = [bench(fn)]
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    for _ in range(rounds):
+        for name in times:
+            times[name].append(bench(columns[name]))
+    for name, ms in times.items():
+        row[name] = work / statistics.median(ms)
+    row["rounds"] = 1 + rounds
+
+
+def checked(columns: dict, want, row: dict) -> dict:
+    """The columns whose output matches ``want`` (max |diff| < 2e-2); the others become
+    ``<name>_error`` entries."""
+    kept = {}
+    for name, fn in columns.items():
+        try:
+            out = fn()
+            err = (out.float() - want.float()).abs().max().item()
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        if err < 2e-2:
+            kept[name] = fn
+        else:
+            row[f"{name}_error"] = f"max |{name} - dense| = {err:.3g}"
+    return kept
+
+
+def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:
+    import torch
+
+    import cutetma
+
+    t = getattr(torch, dtype)
+    p = PREFILL
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(p["b"], p["s"], p["h"], p["d"], device="cuda", dtype=t)
+    k, v = (torch.randn(p["b"], p["s"], p["h_kv"], p["d"], device="cuda", dtype=t)
+            for _ in range(2))
+    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
+    lens = torch.full((p["b"],), p["s"], dtype=torch.int32, device="cuda")
+    row = {"phase": "prefill", "dtype": dtype, "causal": causal, "page_size": page_size,
+           **p}
+    columns = {
+        load: (lambda load=load: cutetma.attention_with_kvcache(
+            q, k_cache, v_cache, lens, table, causal=causal, load=load))
+        for load in ("tma", "cp_async")}
+    columns["dense"] = lambda: cutetma.attention(q, k, v, causal=causal)
+    peer, why = fa4()
+    if peer is not None:
+        columns["fa4"] = lambda: peer.flash_attn_varlen_func(
+            q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=causal)[0]
+        columns["fa4_dense"] = lambda: peer.flash_attn_func(q, k, v, causal=causal)[0]
+    else:
+        row["fa4_error"] = why
+    want = cutetma.attention(q, k, v, causal=causal)
+    flops = 4 * p["b"] * p["h"] * p["s"] ** 2 * p["d"] / (2 if causal else 1)
+    time_columns(checked(columns, want, row), row, flops / 1e9, rounds)
+    return row
+
+
+def decode_row(dtype: str, b: int, context: int, page_size: int, rounds: int) -> dict:
+    import torch
+
+    import cutetma
+
+    t = getattr(torch, dtype)
+    h, h_kv, d = 32, 8, 128
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=t)
+    k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
+    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
+    lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
+    row = {"phase": "decode", "dtype": dtype, "causal": True, "page_size": page_size,
+           "b": b, "s": context, "s_q": 1, "h": h, "h_kv": h_kv, "d": d}
+    columns = {
+        load: (lambda load=load: cutetma.attention_with_kvcache(
+            q, k_cache, v_cache, lens, table, causal=True, load=load))
+        for load in ("tma", "cp_async")}
+    peer, why = fa4()
+    if peer is not None:
+        columns["fa4"] = lambda: peer.flash_attn_varlen_func(
+            q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=True)[0]
+    else:
+        row["fa4_error"] = why
+    want = cutetma.attention(q, k, v, causal=True)
+    kv_bytes = 2 * b * context * h_kv * d * k.element_size()
+    time_columns(checked(columns, want, row), row, kv_bytes / 1e9, rounds)  # TB/s
+    return row
+
+
+def summarize(rows) -> dict:
+    """Per phase: the geomean of tma / cp_async, and of tma / fa4, over the rows holding
+    both (the paper's Figure 3 / 5 question and the peer's)."""
+    import math
+
+    def geomean(pairs):
+        return math.exp(sum(math.log(a / b) for a, b in pairs) / len(pairs)) if pairs else None
+
+    out = {}
+    for phase in ("prefill", "decode"):
+        mine = [r for r in rows if r["phase"] == phase]
+        for other in ("cp_async", "fa4"):
+            pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
+            out[f"{phase}_tma_over_{other}"] = geomean(pairs)
+    return out
+
+
+def plot(rows, path: Path):
+    """Prefill TFLOP/s against page size (one panel per mask), decode TB/s per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = {"tma": ("C0", "o-"), "cp_async": ("C1", "s--"), "fa4": ("C2", "^:")}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, causal in zip(axes[:2], (False, True), strict=True):
+        for dtype in sorted({r["dtype"] for r in rows}):
+            mine = sorted((r for r in rows if r["phase"] == "prefill" and r["causal"] == causal
+                           and r["dtype"] == dtype), key=lambda r: r["page_size"])
+            for key, (color, style) in styles.items():
+                xs = [r["page_size"] for r in mine if r.get(key)]
+                if xs:
+                    ax.plot(xs, [r[key] for r in mine if r.get(key)], style, color=color,
+                            label=f"{key} {dtype}", alpha=1 if dtype == "bfloat16" else 0.5)
+            dense = [r["dense"] for r in mine if r.get("dense")]
+            if dense:
+                ax.axhline(statistics.median(dense), color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("page size (keys)")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"prefill b4 s4k h32/8 d128, {'causal' if causal else 'non-causal'} "
+                     "(gray: dense)", fontsize=9)
+        ax.legend(fontsize=7)
+    dec = [r for r in rows if r["phase"] == "decode"]
+    labels = [f"b{r['b']} {r['s'] // 1024}k p{r['page_size']}\n{r['dtype'][:4]}" for r in dec]
+    for i, key in enumerate(styles):
+        ax = axes[2]
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(dec))], [r.get(key) or 0 for r in dec],
+               0.27, color=styles[key][0], label=key)
+    axes[2].set_xticks(range(len(dec)), labels, fontsize=7)
+    axes[2].set_ylabel("K/V TB/s")
+    axes[2].set_title("decode, s_q 1, h32/8 d128", fontsize=9)
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="bf16, pages 16 / 64 / 128, "
+                        "one round")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    parser.add_argument("--no-decode", action="store_true")
+    args = parser.parse_args(argv)
+    dtypes = ["bfloat16"] if args.quick else args.dtypes
+    pages = (16, 64, 128) if args.quick else PAGES
+    rounds = 1 if args.quick else ROUNDS
+    cells = [("prefill", dtype, causal, page) for dtype in dtypes for causal in (False, True)
+             for page in pages]
+    if not args.no_decode:
+        cells += [("decode", dtype, *cell) for dtype in dtypes[:1] for cell in DECODE]
+    rows = []
+    for cell in progress(cells, len(cells)):
+        if cell[0] == "prefill":
+            rows.append(prefill_row(*cell[1:], rounds))
+        else:
+            rows.append(decode_row(*cell[1:], rounds))
+        print(json.dumps(rows[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"rows": rows, "summary": summarize(rows)}
+    (args.out / "paged.json").write_text(json.dumps(result, indent=1))
+    plot(rows, args.out / "paged.png")
+    print(json.dumps(result["summary"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The torch face of paged attention: ``attention_with_kvcache`` (validate -> plan -> launch).
+
+A serving engine keeps keys and values in a pool of fixed-size pages; each sequence owns a
+list of them (its row of ``page_table``) and a length (``cache_seqlens``). The call maps onto
+FlashAttention's ``flash_attn_with_kvcache``::
+
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...,
+                            softmax_scale=..., causal=..., return_softmax_lse=...)
+    cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, *,
+                                   softmax_scale=..., causal=..., return_lse=..., load=...)
+
+``q`` (b, s_q, h, d); ``k_cache``, ``v_cache`` (num_pages, page_size, h_kv, d) with
+``page_table`` (b, max_pages) int32, or (b, s_cache, h_kv, d) without one (a dense cache is
+one page per sequence); ``cache_seqlens`` (b,) int32 (or an int for all). Causal masks are
+bottom-right aligned per sequence: query i of s_q sees cache keys up to
+``cache_seqlens - s_q + i``, so the new tokens' own keys must already be in the cache.
+
+The kernel is ``FlashAttentionSm90`` with ``AttentionConfig.page_size`` set (one kernel,
+paging a parameter): the TMA producer loads a stage as boxes that each lie inside one page,
+the cp.async producer looks every 16-byte vector's row up in the page table.
+``load="auto"`` picks the producer by ``tuning.attention.paged_load``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from cutetma import runtime
+from cutetma.ops import ATTENTION_HEAD_DIMS, GEMM_DTYPES, _current_stream
+from cutetma.tuning import gemm as gemm_tuning
+
+
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor | int,
+                           page_table: torch.Tensor | None = None, *, causal: bool = False,
+                           softmax_scale: float | None = None, return_lse: bool = False,
+                           load: str = "auto"):
+    """Attention of ``q`` over each sequence's cached keys and values (see the module).
+
+    Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32. A
+    sequence with no cached keys gets output 0 and lse -inf. Page ids are read only for
+    keys below ``cache_seqlens`` (they must lie in [0, num_pages) there); cache slots past a
+    sequence's length may hold anything, NaN included. ``load``: "auto", "tma" (page sizes
+    whose TMA boxes start on a swizzle atom: gcd(page_size, keys per stage) a multiple of
+    8) or "cp_async" (any page size). Runs on the current CUDA stream, with no host
+    synchronisation (CUDA-graph capturable)."""
+    if isinstance(cache_seqlens, int):
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=q.device)
+    if page_table is None and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
+        page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
+                                  device=k_cache.device)[:, None]
+    key = _plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                    load)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                     load)
+        if key is not None:
+            _PLANS[key] = plan
+    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table)
+    return (out, lse) if return_lse else out
+
+
+_PLANS: dict = {}
+
+
+def _plan_key(*args):
+    try:
+        key = tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
+                    if isinstance(x, torch.Tensor) else x for x in args)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+@dataclasses.dataclass
+class _PagedPlan:
+    """One paged problem's launch, decided once: the compiled launch and every scalar the
+    kernel takes but the pointers and the stream."""
+
+    launch: object = None  # None: nothing to compute
+    scalars: tuple = ()
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table):
+        b, s_q, h, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+        if self.launch is None:
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse
+        self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                     lse.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
+                    + self.scalars + (_current_stream(q.device),))
+        return out, lse
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    """TMA's and cp.async's 16-byte rule: the base and every stride but the last (which is
+    1) multiples of 16 bytes."""
+    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+            and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1]))
+
+
+def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load):
+    from cutetma.kernels.attention import AttentionConfig
+    from cutetma.tuning import attention as attention_tuning
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("cache_seqlens", cache_seqlens), ("page_table", page_table)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: attention_with_kvcache needs CUDA "
+                             "tensors")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got {tuple(t.shape)}")
+        if t.dtype not in GEMM_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}: float16 or bfloat16")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    b, s_q, h, d = q.shape
+    pages, page_size, h_kv, d_kv = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} "
+                         "must have one shape (num_pages, page_size, h_kv, d)")
+    if d_kv != d:
+        raise ValueError(f"the cache's head dim {d_kv} is not q's {d}")
+    if d not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"head_dim {d}: supported are {ATTENTION_HEAD_DIMS}")
+    if h_kv == 0 or h % h_kv:
+        raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
+    if page_size == 0:
+        raise ValueError("page_size 0: the cache has no room for a key")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b:
+        raise ValueError(f"page_table must be (b={b}, max_pages) int32, got "
+                         f"{tuple(page_table.shape)} {page_table.dtype}")
+    if page_table.stride(1) != 1 or page_table.data_ptr() % 4:
+        raise ValueError("page_table's rows must be contiguous")
+    if (cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (b,)
+            or cache_seqlens.stride(0) != 1):
+        raise ValueError(f"cache_seqlens must be a contiguous (b={b},) int32 tensor, got "
+                         f"{tuple(cache_seqlens.shape)} {cache_seqlens.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _aligned(t):
+            raise ValueError(f"{name}: its base and strides must be multiples of 16 bytes "
+                             f"with head_dim contiguous (strides {t.stride()}); "
+                             ".contiguous() makes them so")
+    if load == "auto":
+        load = attention_tuning.paged_load(page_size, s_q, d, causal)
+    gemm_tuning.check_load(load)
+    config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size)
+    plan = _PagedPlan()
+    if q.numel() == 0 or page_table.shape[1] == 0:
+        return plan
+    strides = [q.stride(1), q.stride(2), q.stride(0),
+               k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
+               v_cache.stride(1), v_cache.stride(2), v_cache.stride(0),
+               *(torch.empty_like(q, device="meta").stride(i) for i in (1, 2, 0)),
+               page_table.stride(0)]
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    sms = runtime.sm_count(q.device.index)
+    plan.scalars = (b, s_q, h, h_kv, d, pages, page_table.shape[1], *strides, scale, sms)
+    plan.launch = runtime.paged_attention_launch(q.dtype, config)
+    return plan
+
+
+def clear_plans() -> None:
+    _PLANS.clear()

@@ -1,0 +1,183 @@
+"""Paged attention (``cutetma.attention_with_kvcache``) on the H200 against the fp32
+reference over the gathered pages, flash-attention's rule as in test_attention_gpu.py.
+Pages shuffled in the pool, ragged cache lengths (0 and 1 included), every cache slot past
+a sequence's length and every page-table entry past its pages poisoned (NaN, -1), both
+producers at every page size they take, prefill, chunked prefill and decode shapes."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def make_cache(b, lengths, page_size, h_kv, d, dtype, seed=0):
+    """(k_cache, v_cache, page_table, cache_seqlens): each sequence's pages drawn at random
+    from a shuffled pool with spare pages; slots past a length hold NaN, table entries past
+    a sequence's pages hold -1 (neither may be read)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    need = [(n + page_size - 1) // page_size for n in lengths]
+    max_pages = max(max(need), 1) + 1
+    pool = sum(need) + 3
+    order = torch.randperm(pool, generator=g)
+    k = torch.full((pool, page_size, h_kv, d), float("nan"), dtype=dtype)
+    v = torch.full_like(k, float("nan"))
+    table = torch.full((b, max_pages), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(lengths):
+        pages = order[used:used + need[i]]
+        used += need[i]
+        table[i, :need[i]] = pages.int()
+        flat_k = torch.randn(need[i] * page_size, h_kv, d, generator=g).to(dtype)
+        flat_v = torch.randn(need[i] * page_size, h_kv, d, generator=g).to(dtype)
+        flat_k[n:] = float("nan")
+        flat_v[n:] = float("nan")
+        k[pages] = flat_k.view(need[i], page_size, h_kv, d)
+        v[pages] = flat_v.view(need[i], page_size, h_kv, d)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    return k.cuda(), v.cuda(), table.cuda(), lens.cuda()
+
+
+def gathered(k_cache, v_cache, table, lens, i):
+    page_size = k_cache.shape[1]
+    n = int(lens[i])
+    pages = table[i, :(n + page_size - 1) // page_size].long()
+    return (k_cache[pages].flatten(0, 1)[:n][None], v_cache[pages].flatten(0, 1)[:n][None])
+
+
+def check(b, s_q, lengths, page_size, h, h_kv, d, causal, load, dtype="bfloat16"):
+    import torch
+    from test_attention_gpu import _same_dtype
+
+    import cutetma
+    from cutetma.reference import attention_ref
+
+    t = getattr(torch, dtype)
+    k_cache, v_cache, table, lens = make_cache(b, lengths, page_size, h_kv, d, t)
+    q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
+    out, lse = cutetma.attention_with_kvcache(q, k_cache, v_cache, lens, table, causal=causal,
+                                              return_lse=True, load=load)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "NaN in the output"
+    for i in range(b):
+        k, v = gathered(k_cache, v_cache, table, lens, i)
+        ref, ref_lse = attention_ref(q[i:i + 1], k, v, causal)
+        if k.shape[1]:
+            same = _same_dtype(q[i:i + 1], k, v, causal).float()
+            bound = (2 * (same - ref).abs().max().item()
+                     + (ref.to(t).float() - ref).abs().max().item() + 1e-5)
+        else:
+            bound = 0.0
+        err = (out[i:i + 1].float() - ref).abs().max().item()
+        assert err <= bound, f"sequence {i} (length {lengths[i]}): error {err:.3g} > {bound:.3g}"
+        finite = ref_lse.isfinite()
+        assert (lse[i:i + 1].isfinite() == finite).all()
+        if finite.any():
+            assert (lse[i:i + 1][finite] - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+TMA_PAGES = [16, 32, 64, 128, 256, 48, 8]
+CP_PAGES = [1, 17, 16, 64, 128, 200]
+
+
+@pytest.mark.parametrize("load,page_size", [("tma", p) for p in TMA_PAGES]
+                         + [("cp_async", p) for p in CP_PAGES])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_ragged(load, page_size, causal):
+    """b = 4 sequences of different cached lengths (one empty, one of a single key) and
+    s_q = 77 new queries each (chunked prefill: s_q < the cache), GQA 8 / 2, d = 128."""
+    check(4, 77, [300, 0, 1, 517], page_size, 8, 2, 128, causal, load)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_head_dims_and_dtypes(load, head_dim, dtype):
+    check(2, 128, [1000, 129], 64, 4, 4, head_dim, True, load, dtype)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("s_q", [1, 4, 16])
+def test_decode(load, s_q):
+    """Decode: a few new queries per sequence over long caches, MQA and GQA."""
+    check(3, s_q, [4096, 33, 2000], 128, 16, 4, 128, True, load)
+    check(2, s_q, [700, 1500], 32, 8, 1, 128, False, load)
+
+
+def test_dense_cache_is_one_page_per_sequence():
+    """Without a page table the cache is (b, s_cache, h_kv, d): the same as attention over
+    each sequence's first cache_seqlens keys."""
+    import torch
+
+    import cutetma
+    from cutetma.reference import attention_ref
+
+    k = torch.randn(2, 640, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(2, 64, 4, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([640, 200], dtype=torch.int32, device="cuda")
+    out = cutetma.attention_with_kvcache(q, k, v, lens, causal=True)
+    for i, n in enumerate((640, 200)):
+        ref, _ = attention_ref(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], True)
+        assert (out[i:i + 1].float() - ref).abs().max().item() < 2e-2
+
+
+def test_paged_matches_dense_attention():
+    """Full pages in order: the same numbers as ``cutetma.attention`` (both TMA)."""
+    import torch
+
+    import cutetma
+
+    b, s, h, d, page = 2, 1024, 8, 128, 64
+    k = torch.randn(b, s, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    table = torch.arange(b * s // page, dtype=torch.int32, device="cuda").view(b, -1)
+    lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    paged = cutetma.attention_with_kvcache(q, k.view(-1, page, 2, d), v.view(-1, page, 2, d),
+                                           lens, table, causal=True, load="tma")
+    dense = cutetma.attention(q, k, v, causal=True)
+    assert (paged.float() - dense.float()).abs().max().item() < 1e-2
+
+
+def test_cuda_graph_capture():
+    """No host synchronisation: the call captures into a CUDA graph and replays with new
+    cache lengths written in place."""
+    import torch
+
+    import cutetma
+
+    k, v, table, lens = make_cache(2, [500, 300], 64, 2, 128, torch.bfloat16)
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    cutetma.attention_with_kvcache(q, k, v, lens, table)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutetma.attention_with_kvcache(q, k, v, lens, table)
+    lens.copy_(torch.tensor([300, 500], dtype=torch.int32))
+    graph.replay()
+    want = cutetma.attention_with_kvcache(q, k, v, lens, table)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+def test_errors_before_launch():
+    import torch
+
+    import cutetma
+
+    k, v, table, lens = make_cache(2, [50, 60], 16, 2, 128, torch.float16)
+    q = torch.randn(2, 3, 4, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="int32"):
+        cutetma.attention_with_kvcache(q, k, v, lens, table.long())
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        cutetma.attention_with_kvcache(q, k, v, lens[:1], table)
+    with pytest.raises(TypeError, match="dtype"):
+        cutetma.attention_with_kvcache(q.bfloat16(), k, v, lens, table)
+    with pytest.raises(ValueError, match="multiple"):
+        cutetma.attention_with_kvcache(q[:, :, :3], k, v, lens, table)
+    with pytest.raises(ValueError, match="head_dim"):
+        cutetma.attention_with_kvcache(q[..., :96].contiguous(), k[..., :96].contiguous(),
+                                       v[..., :96].contiguous(), lens, table)
+    odd = torch.randn(6, 12, 2, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cutetma.attention_with_kvcache(q, odd, odd, lens, table[:, :2] % 6, load="tma")

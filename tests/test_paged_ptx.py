@@ -1,0 +1,100 @@
+"""Paged attention compiled for sm_90a on a CPU machine: the TMA boxes per stage at each
+page size, the cp.async twin, the configuration's rules, the producer choice, and the fp32
+paged reference (tests/test_paged_gpu.py holds the numerical checks on the GPU)."""
+
+import re
+import shutil
+
+import pytest
+
+from cutetma.kernels import build
+from cutetma.kernels.attention import AttentionConfig
+
+
+@pytest.mark.parametrize("page_size,box", [(16, 16), (48, 16), (64, 64), (128, 128),
+                                           (256, 128), (1000, 8)])
+def test_tma_boxes_per_stage(page_size, box):
+    """A K or V stage of 128 keys is 128 / gcd(page_size, 128) boxes, each split in two 64-
+    column halves by the 128-byte swizzle (d = 128): Q's 2 boxes plus K's and V's, written
+    twice by the producer (a tile's first block, then the rest)."""
+    cfg = AttentionConfig(page_size=page_size)
+    assert cfg.kv_box == box
+    ptx = build.compile_paged_attention(cfg).ptx
+    per_stage = 2 * (128 // box)
+    assert ptx.count("cp.async.bulk.tensor") == 2 + 2 * 2 * per_stage
+    assert "cp.async.cg" not in ptx
+
+
+@pytest.mark.parametrize("page_size", [1, 17, 64])
+def test_cp_async_paged_takes_any_page_size(page_size):
+    ptx = build.compile_paged_attention(AttentionConfig(page_size=page_size,
+                                                        load="cp_async")).ptx
+    assert "cp.async.bulk.tensor" not in ptx
+    assert ptx.count("cp.async.cg.shared.global") > 0
+    # the rows come from the page table: an integer load feeds the gather's addresses
+    assert "ld.global" in ptx
+
+
+def test_tma_page_sizes_must_start_boxes_on_a_swizzle_atom():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        AttentionConfig(page_size=12)
+    with pytest.raises(ValueError, match="page_size"):
+        AttentionConfig(page_size=-1)
+    assert AttentionConfig(page_size=12, load="cp_async").kv_box == 4
+    assert AttentionConfig(head_dim=256, page_size=128).kv_box == 16  # 80-key stages
+    assert not AttentionConfig().paged
+
+
+def test_auto_load_rule():
+    from cutetma.tuning.attention import paged_load
+
+    assert paged_load(16, 1, 128, False) == "tma"
+    assert paged_load(256, 4096, 128, True) == "tma"
+    assert paged_load(12, 1, 128, False) == "cp_async"
+    assert paged_load(1, 128, 64, True) == "cp_async"
+    assert paged_load(40, 128, 256, False) == "tma"  # gcd(40, 80) = 40
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_paged_tma_keeps_wgmma_async_without_spills(page_size):
+    """The page lookups live in the producer (cp.async's register budget); the consumers
+    keep their WGMMAs asynchronous and nothing spills."""
+    for causal in (False, True):
+        cfg = AttentionConfig(page_size=page_size, causal=causal)
+        log = build.ptxas_log(build.compile_paged_attention(cfg, "BFloat16").ptx)
+        assert "C7512" not in log, log
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def test_paged_reference_is_attention_over_the_gathered_pages():
+    import torch
+
+    from cutetma.reference import attention_ref, paged_attention_ref
+
+    torch.manual_seed(0)
+    page, h_kv, d = 16, 2, 64
+    lengths = [40, 0, 16]
+    table = torch.tensor([[5, 2, 7], [0, 0, 0], [3, 0, 0]], dtype=torch.int32)
+    k_cache = torch.randn(8, page, h_kv, d)
+    v_cache = torch.randn(8, page, h_kv, d)
+    q = torch.randn(3, 5, 4, d)
+    out, lse = paged_attention_ref(q, k_cache, v_cache, torch.tensor(lengths), table, True)
+    k0 = torch.cat([k_cache[5], k_cache[2], k_cache[7]])[:40][None]
+    v0 = torch.cat([v_cache[5], v_cache[2], v_cache[7]])[:40][None]
+    want, want_lse = attention_ref(q[:1], k0, v0, True)
+    assert torch.allclose(out[:1], want) and torch.allclose(lse[:1], want_lse)
+    assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
+
+
+def test_errors_before_launch_on_the_host():
+    import torch
+
+    import cutetma
+
+    q = torch.randn(1, 2, 4, 64)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.attention_with_kvcache(q, q, q, torch.ones(1, dtype=torch.int32),
+                                       torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        cutetma.attention_with_kvcache([1], q, q, 3, torch.zeros(1, 1, dtype=torch.int32))
