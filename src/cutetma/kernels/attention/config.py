@@ -20,10 +20,13 @@ LOG2_E = 1.4426950408889634
 # 160 is the most they can have. TMA with two: FlashAttention-3's 24 / 240 (one thread issues
 # the loads); cp.async with two: 40 / 232, what its 128 copying threads need without spilling
 # the consumers. ptxas decides C7512 / spills here: tests/test_attention_ptx.py checks them.
-# Paged TMA: the producer looks up a page per box, which spilled at 24 registers; it takes
-# cp.async's budget.
 REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
              ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+# Paged: the TMA producer keeps a warp's cache of page ids (it spilled at 24 registers); the
+# cp.async producer holds its 16 vectors' page ids before it copies (it spilled 200+ bytes at
+# 40). ptxas -v on page sizes 16 and 64, causal and not, chose these.
+REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (56, 224),
+                   ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SCHEDULES = ("serial", "overlap", "pingpong")
 # (block_m, block_n) per (head_dim, causal): 128 query rows (two consumer warpgroups) at every
 # head dim; d = 256 with FlashAttention-3's 80-key stages (Q 64 KiB + 2 x (K + V) 160 KiB of
@@ -158,8 +161,7 @@ class AttentionConfig:
     @property
     def registers(self) -> tuple[int, int]:
         """setmaxnreg's (producer, each consumer) budget (``REGISTERS``)."""
-        load = "cp_async" if self.paged else self.load
-        return REGISTERS[(load, self.consumers)]
+        return (REGISTERS_PAGED if self.paged else REGISTERS)[(self.load, self.consumers)]
 
     @property
     def consumers(self) -> int:

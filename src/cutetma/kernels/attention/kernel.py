@@ -300,7 +300,7 @@ class FlashAttentionSm90:
                     self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
                                      pipe_v.producer_get_barrier(state))
 
-                return load_q, load_k, load_v
+                return load_q, load_k, load_v, None
 
             # (box, d, box in page, 1, page) and (box, d, box in stage, 1, stage); V the same
             # with its two leading modes swapped
@@ -314,36 +314,42 @@ class FlashAttentionSm90:
                 cute.flat_divide(mV_tma[(None, None, head, None)], (cfg.head_dim, box)),
                 box_rank=2)
 
-            def load_k(j, state):
+            def refill(first_box):
+                """Lane l's page: the one holding the tile's box ``first_box + l`` (each lane
+                one page-table load, all 32 at once; the boxes then take theirs by shuffle)."""
+                key = (first_box + cute.arch.lane_idx()) * box
+                page = cutlass.Int32(-1)
+                if key < kv_len:
+                    page = mPageTable[batch, key // cfg.page_size]
+                return page
+
+            def load_k(j, state, pages, first_box):
                 for i in cutlass.range_constexpr(cfg.block_n // box):
-                    page, at = self._page_of(mPageTable, batch, j * cfg.block_n + i * box,
-                                             kv_len)
+                    page, at = self._page_of(pages, first_box, j * (cfg.block_n // box) + i)
                     self.loader.load(tma_k, tKgK[(None, at, 0, page)],
                                      tKsK[(None, i, 0, state.index)],
                                      pipe_k.producer_get_barrier(state))
 
-            def load_v(j, state):
+            def load_v(j, state, pages, first_box):
                 for i in cutlass.range_constexpr(cfg.block_n // box):
-                    page, at = self._page_of(mPageTable, batch, j * cfg.block_n + i * box,
-                                             kv_len)
+                    page, at = self._page_of(pages, first_box, j * (cfg.block_n // box) + i)
                     self.loader.load(tma_v, tVgV[(None, 0, at, page)],
                                      tVsV[(None, 0, i, state.index)],
                                      pipe_v.producer_get_barrier(state))
 
-            return load_q, load_k, load_v
+            return load_q, load_k, load_v, refill
 
         self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
                            seqlen_k, tile_loaders)
 
     @cute.jit
-    def _page_of(self, mPageTable, batch, key, kv_len):
-        """(pool page, box index inside it) of the box starting at ``key``; page -1 past the
-        sequence's keys: an out-of-range TMA coordinate, so the box lands as zeros (its
-        bytes still count) and no page-table entry past the sequence is trusted."""
-        page = cutlass.Int32(-1)
-        if key < kv_len:
-            page = mPageTable[batch, key // self.cfg.page_size]
-        return page, (key % self.cfg.page_size) // self.cfg.kv_box
+    def _page_of(self, pages, first_box, g):
+        """(pool page, box index inside it) of the tile's box ``g`` (keys g * kv_box ..),
+        from lane g - first_box's cached page (``refill``): -1 past the sequence's keys, an
+        out-of-range TMA coordinate, so the box lands as zeros (its bytes still count) and
+        no page-table entry past the sequence is trusted."""
+        page = cute.arch.shuffle_sync(pages, g - first_box)
+        return page, (g * self.cfg.kv_box % self.cfg.page_size) // self.cfg.kv_box
 
     @cute.jit
     def _kv_len(self, mSeqlensK, batch, seqlen_k):
@@ -388,7 +394,7 @@ class FlashAttentionSm90:
                     cpa.load_tile(v_part, 0, j, state.index, gVt.shape,
                                   (cfg.head_dim, cfg.block_n))
 
-                return load_q, load_k, load_v
+                return load_q, load_k, load_v, None
 
             k_part = cpa.partition_stage(sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP, 1)
             v_part = cpa.partition_stage(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 0)
@@ -396,26 +402,28 @@ class FlashAttentionSm90:
             size = cfg.page_size
 
             def load_k(j, state):
-                def key_vector(row, col):  # row: a key of block j; col: a d offset
-                    key = j * cfg.block_n + row
-                    page = mPageTable[batch, key // size]
-                    return cute.local_tile(mK[(key % size, None, head, page)], (vec,),
-                                           (col // vec,))
+                def page(key):  # key: of block j
+                    return mPageTable[batch, (j * cfg.block_n + key) // size]
 
-                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
+                def key_vector(row, col, page):  # row: a key of block j; col: a d offset
+                    at = (j * cfg.block_n + row) % size
+                    return cute.local_tile(mK[(at, None, head, page)], (vec,), (col // vec,))
+
+                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0, page,
                                   key_vector, zero_past=False)
 
             def load_v(j, state):
-                def value_vector(row, col):  # row: a d offset; col: a key of block j
-                    key = j * cfg.block_n + col
-                    page = mPageTable[batch, key // size]
-                    return cute.local_tile(mVt[(None, key % size, head, page)], (vec,),
-                                           (row // vec,))
+                def page(key):
+                    return mPageTable[batch, (j * cfg.block_n + key) // size]
 
-                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
+                def value_vector(row, col, page):  # row: a d offset; col: a key of block j
+                    at = (j * cfg.block_n + col) % size
+                    return cute.local_tile(mVt[(None, at, head, page)], (vec,), (row // vec,))
+
+                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1, page,
                                   value_vector, zero_past=True)
 
-            return load_q, load_k, load_v
+            return load_q, load_k, load_v, None
 
         self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
                            seqlen_k, tile_loaders)
@@ -436,10 +444,10 @@ class FlashAttentionSm90:
             for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
                 m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
                 kv_len = self._kv_len(mSeqlensK, batch, seqlen_k)
-                load_q, load_k, load_v = tile_loaders(m_block, head, batch, kv_len)
+                load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len)
                 n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, kv_len)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
-                                   load_k, load_v)
+                                   load_k, load_v, refill)
                 done += n_blocks
                 local += 1
         pipe_k.producer_tail(self._ring(done, producer=True))
@@ -448,7 +456,7 @@ class FlashAttentionSm90:
     @cute.jit
     def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, n_blocks,
                       load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
-                      load_v: cutlass.Constexpr):
+                      load_v: cutlass.Constexpr, refill: cutlass.Constexpr):
         """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
         need only a free stage, so they overlap the consumers' last blocks of the previous
         tile), then Q once the consumers have finished reading the Q that buffer held before
@@ -456,28 +464,43 @@ class FlashAttentionSm90:
         remaining key blocks."""
         first = cutlass.min(n_blocks, 1)
         self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
-                         load_v)
+                         load_v, refill)
         q_stage, q_phase = self._q_slot(local)
         if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
             cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
         load_q(q_stage)
         self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
-                         n_blocks, load_k, load_v)
+                         n_blocks, load_k, load_v, refill)
 
     @cute.jit
     def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
-                    load_v: cutlass.Constexpr):
+                    load_v: cutlass.Constexpr, refill: cutlass.Constexpr = None):
         """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
         ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
         a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
         ring position of block ``start`` (the same in both rings); the caller rebuilds its own
-        from counts (``_ring``)."""
+        from counts (``_ring``). Paged TMA (``refill``): the warp keeps the pages of 32 boxes
+        in its lanes, refilled when a block's boxes run past them, so a box costs a shuffle,
+        not a dependent page-table load."""
+        boxes = self.cfg.block_n // self.cfg.kv_box  # boxes per block
+        pages = cutlass.Int32(-1)
+        first_box = cutlass.Int32(-64)  # no box is cached yet
         for j in cutlass.range(start, stop, unroll=1):
+            if cutlass.const_expr(refill is not None):
+                if j * boxes + boxes > first_box + 32:
+                    first_box = j * boxes
+                    pages = refill(first_box)
             pipe_k.producer_acquire(state)
-            load_k(j, state)
+            if cutlass.const_expr(refill is not None):
+                load_k(j, state, pages, first_box)
+            else:
+                load_k(j, state)
             pipe_k.producer_commit(state)
             pipe_v.producer_acquire(state)
-            load_v(j, state)
+            if cutlass.const_expr(refill is not None):
+                load_v(j, state, pages, first_box)
+            else:
+                load_v(j, state)
             pipe_v.producer_commit(state)
             state.advance()
 
