@@ -181,3 +181,19 @@ def test_errors_before_launch():
     odd = torch.randn(6, 12, 2, 128, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="multiple of 8"):
         cutetma.attention_with_kvcache(q, odd, odd, lens, table[:, :2] % 6, load="tma")
+
+
+def test_torch_compile_fullgraph():
+    """Inside torch.compile the call is the custom op: one graph, the eager numbers."""
+    import torch
+
+    import cutetma
+
+    k, v, table, lens = make_cache(2, [300, 700], 32, 2, 128, torch.bfloat16)
+    q = torch.randn(2, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
+
+    def layer(q):
+        return cutetma.attention_with_kvcache(q, k, v, lens, table, causal=True) * 2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    assert torch.equal(compiled(q), layer(q))

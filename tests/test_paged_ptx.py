@@ -98,3 +98,18 @@ def test_errors_before_launch_on_the_host():
                                        torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(TypeError, match="torch.Tensor"):
         cutetma.attention_with_kvcache([1], q, q, 3, torch.zeros(1, 1, dtype=torch.int32))
+
+
+def test_custom_op_fake_shapes():
+    """The custom op's fake (what torch.compile traces with): out like q, lse (b, h, s_q)."""
+    import torch
+
+    import cutetma.kvcache  # noqa: F401  (registers cutetma::attention_with_kvcache)
+
+    q = torch.empty(2, 3, 8, 64, device="meta", dtype=torch.bfloat16)
+    cache = torch.empty(10, 16, 2, 64, device="meta", dtype=torch.bfloat16)
+    lens = torch.empty(2, device="meta", dtype=torch.int32)
+    table = torch.empty(2, 5, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.cutetma.attention_with_kvcache(q, cache, cache, lens, table, True,
+                                                        None, "auto")
+    assert out.shape == q.shape and lse.shape == (2, 8, 3) and lse.dtype == torch.float32

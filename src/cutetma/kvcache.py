@@ -42,7 +42,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32. A
     sequence with no cached keys gets output 0 and lse -inf. Page ids are read only for
     keys below ``cache_seqlens`` (they must lie in [0, num_pages) there); cache slots past a
-    sequence's length may hold anything, NaN included. ``load``: "auto", "tma" (page sizes
+    sequence's length may hold anything, NaN included. Inside ``torch.compile`` the call is
+    the custom op ``torch.ops.cutetma.attention_with_kvcache``. ``load``: "auto", "tma" (page sizes
     whose TMA boxes start on a swizzle atom: gcd(page_size, keys per stage) a multiple of
     8) or "cp_async" (any page size). Runs on the current CUDA stream, with no host
     synchronisation (CUDA-graph capturable)."""
@@ -55,6 +56,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
         page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
                                   device=k_cache.device)[:, None]
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.cutetma.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load)
+        return (out, lse) if return_lse else out
     key = _plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                     load)
     plan = _PLANS.get(key) if key is not None else None
@@ -178,3 +183,23 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
 
 def clear_plans() -> None:
     _PLANS.clear()
+
+
+@torch.library.custom_op("cutetma::attention_with_kvcache", mutates_args=())
+def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool = False,
+                softmax_scale: float | None = None,
+                load: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
+    page_table, causal, softmax_scale, load) -> (out, lse)``: the call inside
+    ``torch.compile``."""
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
+                                  causal=causal, softmax_scale=softmax_scale,
+                                  return_lse=True, load=load)
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, page_table, causal=False, softmax_scale=None,
+      load="auto"):
+    b, s_q, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)

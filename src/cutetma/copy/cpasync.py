@@ -131,31 +131,20 @@ def partition_stage(sX, tile, tidx, num_threads: int, contiguous: int):
 
 
 @cute.jit
-def load_gathered(views, stage, valid, key_mode: int, lookup, source, zero_past: bool):
-    """Copy one tile into shared-memory stage ``stage``, gathered: ``lookup(key)`` gives the
-    key's row handle (its page, say), ``source(row, col, handle)`` the global tensor of the
-    16-byte vector at (row, col) of the tile. Every lookup of this thread's vectors is
-    issued before the first copy: a cp.async is a memory barrier to the compiler, so a
-    lookup after one would wait for it, and each vector would cost a dependent load's
-    latency. Vectors whose coordinate along ``key_mode`` is ``valid`` or more are skipped,
-    or (``zero_past``) written as zeros: they meet real data in a product (0 * garbage can
-    be NaN)."""
+def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool):
+    """Copy one tile into shared-memory stage ``stage``, each 16-byte vector from
+    ``source(row, col)`` (a global tensor of one vector: the caller looks its row up, in a
+    page table for instance). Vectors whose coordinate along ``key_mode`` is ``valid`` or
+    more are skipped, or (``zero_past``) written as zeros: they meet real data in a product
+    (0 * garbage can be NaN). (Issuing every lookup before the first copy, as one batch,
+    measured slower on the H200: docs/perf-log.md.)"""
     tiled, tXsX, tXcX = views
     dst = tXsX[(None, None, None, stage)]
-    n1 = cute.size(dst, mode=[1])
-    n2 = cute.size(dst, mode=[2])
-    handles = cute.make_rmem_tensor((n1 * n2,), cutlass.Int32)
-    for i in cutlass.range_constexpr(n1):
-        for j in cutlass.range_constexpr(n2):
-            key = tXcX[(0, i, j)][key_mode]
-            handles[i * n2 + j] = 0
-            if key < valid:
-                handles[i * n2 + j] = lookup(key)
-    for i in cutlass.range_constexpr(n1):
-        for j in cutlass.range_constexpr(n2):
+    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
             crd = tXcX[(0, i, j)]
             if crd[key_mode] < valid:
-                src = source(crd[0], crd[1], handles[i * n2 + j])
+                src = source(crd[0], crd[1])
                 cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
                           dst[(None, i, j)])
             elif cutlass.const_expr(zero_past):

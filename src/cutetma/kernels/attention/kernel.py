@@ -402,25 +402,23 @@ class FlashAttentionSm90:
             size = cfg.page_size
 
             def load_k(j, state):
-                def page(key):  # key: of block j
-                    return mPageTable[batch, (j * cfg.block_n + key) // size]
+                def key_vector(row, col):  # row: a key of block j; col: a d offset
+                    key = j * cfg.block_n + row
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mK[(key % size, None, head, page)], (vec,),
+                                           (col // vec,))
 
-                def key_vector(row, col, page):  # row: a key of block j; col: a d offset
-                    at = (j * cfg.block_n + row) % size
-                    return cute.local_tile(mK[(at, None, head, page)], (vec,), (col // vec,))
-
-                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0, page,
+                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
                                   key_vector, zero_past=False)
 
             def load_v(j, state):
-                def page(key):
-                    return mPageTable[batch, (j * cfg.block_n + key) // size]
+                def value_vector(row, col):  # row: a d offset; col: a key of block j
+                    key = j * cfg.block_n + col
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mVt[(None, key % size, head, page)], (vec,),
+                                           (row // vec,))
 
-                def value_vector(row, col, page):  # row: a d offset; col: a key of block j
-                    at = (j * cfg.block_n + col) % size
-                    return cute.local_tile(mVt[(None, at, head, page)], (vec,), (row // vec,))
-
-                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1, page,
+                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
                                   value_vector, zero_past=True)
 
             return load_q, load_k, load_v, None
