@@ -1,6 +1,7 @@
 """Tuning: a problem -> the configuration to run, on the host only.
 
 * ``gemm``      -- the H200 wave model and ``select_gemm_config``.
+* ``attention`` -- the producer for paged K/V (``paged_load``).
 * ``placement`` -- the L2 model of a tile order over the card's GPCs (``choose_raster``,
                    ``order_table``).
 

@@ -1,6 +1,6 @@
 """Attention choices made on the host: the producer for paged K/V (``paged_load``).
 
-Pure functions of the problem; docs/design.md ("Paged attention: the producer") gives the
+Pure functions of the problem; docs/design.md ("Paged attention: boxes per page") gives the
 H200 measurements behind each rule.
 """
 
@@ -22,5 +22,5 @@ def tma_page_sizes_ok(page_size: int, head_dim: int, causal: bool) -> bool:
 def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> str:
     """``load="auto"`` for paged K/V: TMA wherever its boxes fit the pages
     (``tma_page_sizes_ok``), cp.async otherwise."""
-    del seqlen_q  # the H200 measurements chose alike at prefill and decode (design.md)
+    del seqlen_q  # one rule for prefill and decode until decode is measured with packing
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
