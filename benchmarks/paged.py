@@ -241,11 +241,12 @@ def main(argv=None):
         else:
             rows.append(decode_row(*cell[1:], rounds))
         print(json.dumps(rows[-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"rows": rows, "summary": summarize(rows)}
-    (args.out / "paged.json").write_text(json.dumps(result, indent=1))
+    from cutetma import results
+
+    summary = summarize(rows)
+    results.write("paged", rows, args.out, extra_meta={"summary": summary})
     plot(rows, args.out / "paged.png")
-    print(json.dumps(result["summary"]))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

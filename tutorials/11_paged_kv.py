@@ -102,7 +102,7 @@ def measured() -> str:
         elif r["phase"] == "decode":
             cells = "  ".join(f"{k} {r[k]:.2f}" for k in ("tma", "cp_async", "fa4") if r.get(k))
             print(f"decode b{r['b']} ctx {r['s']} page {r['page_size']}: {cells} TB/s")
-    s = data["summary"]
+    s = data["meta"]["summary"]
     ratio = s.get("prefill_tma_over_cp_async")
     return f"On the H200, TMA-paged prefill runs {ratio:.2f}x its cp.async twin (geomean)." \
         if ratio else ""
