@@ -28,7 +28,7 @@ import dataclasses
 import torch
 
 from cutetma import runtime
-from cutetma.ops import ATTENTION_HEAD_DIMS, GEMM_DTYPES, _current_stream
+from cutetma.ops import ATTENTION_HEAD_DIMS, GEMM_DTYPES, _current_stream, attention_outputs
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -94,12 +94,8 @@ class _PagedPlan:
     scalars: tuple = ()
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table):
-        b, s_q, h, _ = q.shape
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+        out, lse = attention_outputs(q, empty=self.launch is None)
         if self.launch is None:
-            out.zero_()
-            lse.fill_(float("-inf"))
             return out, lse
         self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                      lse.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())

@@ -459,21 +459,30 @@ class _AttentionPlan:
     scalars: tuple = ()
 
     def __call__(self, q, k, v):
-        b, s_q, h, _ = q.shape
         if True in self.copies:
             # a fresh copy, not .contiguous(): that returns a misaligned base, or a size-1
             # dim's odd stride, unchanged whenever torch already calls the tensor contiguous
             q, k, v = (x.clone(memory_format=torch.contiguous_format) if copy else x
                        for x, copy in zip((q, k, v), self.copies, strict=True))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+        out, lse = attention_outputs(q, empty=self.launch is None)
         if self.launch is None:
-            out.zero_()
-            lse.fill_(float("-inf"))
             return out, lse
         self.launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                      lse.data_ptr()) + self.scalars + (_current_stream(q.device),))
         return out, lse
+
+
+def attention_outputs(q: torch.Tensor, empty: bool = False) -> tuple:
+    """``out`` like ``q`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32, for a kernel to fill;
+    ``empty`` (nothing to compute: no query or no key): out 0 and lse -inf, as a row with
+    no key gets."""
+    b, s_q, h, _ = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+    if empty:
+        out.zero_()
+        lse.fill_(float("-inf"))
+    return out, lse
 
 
 def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionPlan:
