@@ -208,7 +208,7 @@ def test_a_warmed_gemm_compiles_nothing_in_a_fresh_process(cache_dir):
     if added:  # say which kernels the warm missed, beside what it compiled
         from cutetma.runtime import cache
 
-        parts = {Path(e["path"]).name: e.get("parts", {}).get("config", e.get("error"))
+        parts = {Path(e["path"]).name: e.get("parts", {}).get("kernel", e.get("error"))
                  for e in cache.entries()}
         missed = [parts[name] for name in added]
         warmed = [parts[name] for name in before if name in parts]
