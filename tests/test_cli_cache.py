@@ -92,7 +92,7 @@ def test_entries_are_what_gemm_launches(monkeypatch):
     """The configuration ``ops.gemm`` launches without a GPU's probe: the model's choice,
     with the order table where ``order_table_pays`` and placement is on; one entry per
     distinct kernel, every problem that launches it named."""
-    from cutetma.runtime import warm
+    from cutetma.runtime import placement, warm
     from cutetma.tuning import gemm as tuning
 
     monkeypatch.delenv("CUTETMA_PLACEMENT", raising=False)
@@ -115,6 +115,13 @@ def test_entries_are_what_gemm_launches(monkeypatch):
     assert len(entries) == 1 and entries[0].problems == ((4096, 4096, 4096), (8192, 8192, 8192))
     assert len(warm.gemm_entries(warm.GEMM_PRESET)) >= 6
     assert len(warm.attention_entries()) == 12
+    assert warm.probe_entries([pair]) == []  # placement is off
+    # the probes a GPU warm launches: the GPC finders and each placed cluster size, not the
+    # split-K entries' (split-K is never placed)
+    monkeypatch.delenv("CUTETMA_PLACEMENT")
+    probes = warm.probe_entries([pair, split, kn])
+    assert [e.cfg for e in probes] == sorted({1, 2, *placement.GPC_PROBE_CLUSTERS})
+    assert probes[1].name() == "placement probe, clusters of 2"
 
 
 def test_workspace_tensors_are_typed_as_cuda_tensors():

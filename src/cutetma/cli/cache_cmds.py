@@ -179,8 +179,9 @@ def run_cache_warm(args) -> int:
     gpu = warm.gpu_present()
     entries = []
     if args.gemm is not None or neither:
-        entries += warm.gemm_entries(args.gemm or warm.GEMM_PRESET, args.dtypes, args.load,
-                                     args.b_layout, gpu)
+        gemms = warm.gemm_entries(args.gemm or warm.GEMM_PRESET, args.dtypes, args.load,
+                                  args.b_layout, gpu)
+        entries += gemms + (warm.probe_entries(gemms) if gpu else [])
     if args.attention is not None or neither:
         specs = [spec for group in args.attention or () for spec in group]
         entries += warm.attention_entries(specs or warm.ATTENTION_PRESET, args.dtypes,

@@ -20,7 +20,8 @@ call), the order table where ``placement.enabled()`` and ``order_table_pays`` (M
 unsplit; its workspace a DSL tensor of the device type the launch passes), and below that
 the default raster band (the band ``placement.placed`` picks comes from a GPU probe: where
 it picks another, that entry misses). Split-K and stream-K configurations are not placed,
-so they always match.
+so they always match. On a GPU, ``probe_entries`` adds the placement probes those GEMMs
+launch at their first call (the probe kernels are cached like any other).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Entry:
 
     def name(self) -> str:
         cfg = self.cfg
+        if self.op == "probe":
+            return f"placement probe, clusters of {cfg}"
         if self.op == "attention":
             return (f"attention {SHORT[self.dtype]} d={cfg.head_dim}"
                     f"{' causal' if cfg.causal else ''} {cfg.load}")
@@ -143,6 +146,21 @@ def gemm_entries(problems, dtypes=DTYPES, loads=("tma",), b_layouts=("nk",),
     return _distinct(gemm_entry(m, n, k, dtype, load, layout, gpu)
                      for dtype in dtypes for load in loads for layout in b_layouts
                      for m, n, k in problems)
+
+
+def probe_entries(gemms) -> list[Entry]:
+    """The placement probes (``runtime.placement.probe``) the GEMMs of ``gemms`` launch on a
+    GPU: one per cluster size that finds the SMs' GPCs (``GPC_PROBE_CLUSTERS``) and one per
+    cluster size of a placed or order-table entry. Launched to compile them, so only where
+    a GPU is (a probe is a kernel of a millisecond); none with placement off."""
+    from cutetma.runtime import placement
+
+    if not placement.enabled():
+        return []
+    sizes = set(placement.GPC_PROBE_CLUSTERS)
+    sizes.update(e.cfg.cluster_m * e.cfg.cluster_n for e in gemms
+                 if e.op == "gemm" and e.workspace != "split")
+    return [Entry("probe", "", size) for size in sorted(sizes)]
 
 
 def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
@@ -235,6 +253,11 @@ def _launch(entry: Entry) -> None:
 
     from cutetma.runtime import launch
 
+    if entry.op == "probe":
+        from cutetma.runtime import placement
+
+        placement.probe(entry.cfg, entry.cfg)
+        return
     dtype = getattr(torch, entry.dtype)
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)
