@@ -3,13 +3,16 @@
 forward and both libraries' dense kernels, one run, the same randn data.
 
     python benchmarks/paged.py [--quick] [--out DIR] [--dtypes bfloat16 float16]
+                               [--phases prefill decode]
 
 Prefill: b = 4, s_q = s_k = 4096, h = 32 query / 8 key-value heads, d = 128, causal and not,
 page sizes 16 .. 256; FLOPs = 4 b h s^2 d, halved for causal; TFLOP/s. Decode: s_q = 1,
-h 32 / 8, d = 128, random page tables; the K/V bytes a call must read over its time, TB/s.
+h 32 / 8, d = 128, random page tables; the K/V bytes a call must read over its time, TB/s,
+beside ``ceiling_tbps``, the read bandwidth a plain torch reduction reaches in the same run.
 Columns: ``tma`` and ``cp_async`` (``cutetma.attention_with_kvcache`` with the producer
-forced), ``fa4`` (``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when
-the page is its key block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
+forced), ``auto`` (decode: its own choice of producer, packing and splits), ``fa4``
+(``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when the page is its key
+block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
 Every column is checked against the dense cutetma output first (a column that computes
 something else is an error, not a number). Times: CUDA-graph replays (``gemm.bench``), then
 ``ROUNDS`` alternating rounds; a cell's figure is the median of its timings.
@@ -29,7 +32,9 @@ from gemm import bench, progress  # noqa: E402
 PAGES = (16, 32, 64, 128, 256)
 PREFILL = dict(b=4, s=4096, h=32, h_kv=8, d=128)
 # (b, context, page size): FlashAttention-4's decode anchors (../shared/notes/peers-h200.md)
-DECODE = ((64, 4096, 128), (16, 16384, 128), (64, 4096, 16))
+DECODE = ((64, 4096, 128), (16, 16384, 128), (64, 4096, 16),
+          # and the issue's corners: one long sequence (split-KV), many short ones
+          (1, 65536, 128), (1, 16384, 64), (4, 4096, 64), (256, 1024, 64))
 ROUNDS = 3
 
 
@@ -51,6 +56,24 @@ def paged_copy(k, v, page_size, generator):
     v_cache[order] = vp
     table = order.view(b, per_seq).int()
     return k_cache, v_cache, table
+
+
+_CEILING: list = []
+
+
+def read_ceiling_tbps() -> float:
+    """HBM read bandwidth in TB/s as torch's reductions reach it over 4 GiB (the best of a
+    few forms), measured once per run: the decode rows' yardstick."""
+    import torch
+
+    if not _CEILING:
+        x = torch.randn(1 << 31, device="cuda", dtype=torch.bfloat16)
+        forms = (lambda: x.sum(dtype=torch.float32), lambda: x.view(-1, 8192).amax(1),
+                 lambda: x.view(8192, -1).sum(0, dtype=torch.float32))
+        _CEILING.append(max(x.numel() * 2 / 1e9 / min(bench(f) for _ in range(3))
+                            for f in forms))
+        del x
+    return _CEILING[0]
 
 
 def fa4():
@@ -110,7 +133,7 @@ def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:
     k_cache, v_cache, table = paged_copy(k, v, page_size, g)
     lens = torch.full((p["b"],), p["s"], dtype=torch.int32, device="cuda")
     row = {"phase": "prefill", "dtype": dtype, "causal": causal, "page_size": page_size,
-           **p}
+           **p, "s_q": p["s"], "ctx": p["s"], "unit": "TFLOP/s"}
     columns = {
         load: (lambda load=load: cutetma.attention_with_kvcache(
             q, k_cache, v_cache, lens, table, causal=causal, load=load))
@@ -142,11 +165,13 @@ def decode_row(dtype: str, b: int, context: int, page_size: int, rounds: int) ->
     k_cache, v_cache, table = paged_copy(k, v, page_size, g)
     lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
     row = {"phase": "decode", "dtype": dtype, "causal": True, "page_size": page_size,
-           "b": b, "s": context, "s_q": 1, "h": h, "h_kv": h_kv, "d": d}
+           "b": b, "s": context, "ctx": context, "s_q": 1, "h": h, "h_kv": h_kv, "d": d,
+           "unit": "TB/s", "ceiling_tbps": read_ceiling_tbps()}
     columns = {
         load: (lambda load=load: cutetma.attention_with_kvcache(
             q, k_cache, v_cache, lens, table, causal=True, load=load))
-        for load in ("tma", "cp_async")}
+        for load in ("tma", "cp_async", "auto")}
+    columns["dense"] = lambda: cutetma.attention(q, k, v, causal=True)
     peer, why = fa4()
     if peer is not None:
         columns["fa4"] = lambda: peer.flash_attn_varlen_func(
@@ -209,6 +234,10 @@ def plot(rows, path: Path):
         ax = axes[2]
         ax.bar([j + 0.27 * (i - 1) for j in range(len(dec))], [r.get(key) or 0 for r in dec],
                0.27, color=styles[key][0], label=key)
+    ceilings = [r.get("ceiling_tbps") for r in dec]
+    if any(ceilings):
+        axes[2].plot(range(len(dec)), [c or 0 for c in ceilings], "k_", ms=18,
+                     label="read ceiling")
     axes[2].set_xticks(range(len(dec)), labels, fontsize=7)
     axes[2].set_ylabel("K/V TB/s")
     axes[2].set_title("decode, s_q 1, h32/8 d128", fontsize=9)
@@ -225,14 +254,15 @@ def main(argv=None):
                         "one round")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
-    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--phases", nargs="+", default=["prefill", "decode"],
+                        choices=["prefill", "decode"])
     args = parser.parse_args(argv)
     dtypes = ["bfloat16"] if args.quick else args.dtypes
     pages = (16, 64, 128) if args.quick else PAGES
     rounds = 1 if args.quick else ROUNDS
     cells = [("prefill", dtype, causal, page) for dtype in dtypes for causal in (False, True)
-             for page in pages]
-    if not args.no_decode:
+             for page in pages] if "prefill" in args.phases else []
+    if "decode" in args.phases:
         cells += [("decode", dtype, *cell) for dtype in dtypes[:1] for cell in DECODE]
     rows = []
     for cell in progress(cells, len(cells)):

@@ -402,7 +402,7 @@ def test_benchmark_columns():
         ("tma", "tma", None), ("n80o", "tma", {"block_n": 80, "schedule": "overlap"})]
 
 
-def _walk(cfg, seqlen_q, heads, batch, grid):
+def _walk(cfg, seqlen_q, heads, batch, grid, splits=1):
     """The kernel's own work-item functions (``scheduler``), run as plain Python: each CTA's
     work items under the persistent round robin (or one item per CTA), an item being its
     (m_block, head, batch) tiles in the order the CTA runs them. (Inside ``dsl.on_host``: with
@@ -411,12 +411,13 @@ def _walk(cfg, seqlen_q, heads, batch, grid):
     from cutetma.kernels.attention import scheduler
 
     def walk():
-        items = scheduler.work_items.__wrapped__(cfg, seqlen_q, heads, batch)
+        items = scheduler.work_items.__wrapped__(cfg, seqlen_q, heads, batch, splits)
         per_cta = [[] for _ in range(min(grid, items) if cfg.persistent else items)]
         for item in range(items):
+            tiles = [scheduler.tile_coords.__wrapped__(cfg, item, half, seqlen_q, heads, batch)
+                     for half in range(scheduler.item_tiles.__wrapped__(cfg, item, seqlen_q))]
             per_cta[item % len(per_cta)].append(
-                [scheduler.tile_coords.__wrapped__(cfg, item, half, seqlen_q, heads)
-                 for half in range(scheduler.item_tiles.__wrapped__(cfg, item, seqlen_q))])
+                tiles if cfg.split_kv else [t[:3] for t in tiles])
         return per_cta
 
     return dsl.on_host(walk)
@@ -450,6 +451,27 @@ def test_work_items_cover_every_tile_once_and_balance_causal(causal, m_blocks):
                    for m_lo, h_lo, b_lo in rest)
     work = [_key_block_rows(cta) for cta in walk]
     assert max(work) <= sum(work) / len(work) + (m_blocks + 1) + (m_blocks + 1) / 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_kv_walks_every_split_of_every_tile_once(causal):
+    """``split_kv``: each (query block, head, batch) tile is walked once per split, and the
+    splits' key-block ranges (``block_range``) cover the tile's blocks exactly once, empty
+    ranges included (more splits than blocks)."""
+    from cutetma import dsl
+    from cutetma.kernels.attention import scheduler
+
+    cfg = AttentionConfig(head_dim=128, causal=causal, page_size=64, pack_gqa=True,
+                          split_kv=True)
+    heads, batch, splits = 3, 2, 5
+    walk = _walk(cfg, 200, heads, batch, grid=132, splits=splits)
+    tiles = [t for cta in walk for item in cta for t in item]
+    assert sorted(tiles) == sorted((m, h, b, s) for m in range(2) for h in range(heads)
+                                   for b in range(batch) for s in range(splits))
+    for n in (0, 1, 3, 5, 7, 64):
+        ranges = dsl.on_host(lambda n=n: [scheduler.block_range.__wrapped__(cfg, n, s, splits)
+                                          for s in range(splits)])
+        assert [j for lo, hi in ranges for j in range(lo, hi)] == list(range(n)), ranges
 
 
 def test_old_per_head_numbering_was_unbalanced():

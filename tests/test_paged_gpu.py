@@ -45,7 +45,8 @@ def gathered(k_cache, v_cache, table, lens, i):
     return (k_cache[pages].flatten(0, 1)[:n][None], v_cache[pages].flatten(0, 1)[:n][None])
 
 
-def check(b, s_q, lengths, page_size, h, h_kv, d, causal, load, dtype="bfloat16"):
+def check(b, s_q, lengths, page_size, h, h_kv, d, causal, load, dtype="bfloat16",
+          num_splits=None):
     import torch
     from test_attention_gpu import _same_dtype
 
@@ -56,7 +57,8 @@ def check(b, s_q, lengths, page_size, h, h_kv, d, causal, load, dtype="bfloat16"
     k_cache, v_cache, table, lens = make_cache(b, lengths, page_size, h_kv, d, t)
     q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
     out, lse = cutetma.attention_with_kvcache(q, k_cache, v_cache, lens, table, causal=causal,
-                                              return_lse=True, load=load)
+                                              return_lse=True, load=load,
+                                              num_splits=num_splits)
     torch.cuda.synchronize()
     assert not out.isnan().any(), "NaN in the output"
     for i in range(b):
@@ -104,6 +106,36 @@ def test_decode(load, s_q):
     check(2, s_q, [700, 1500], 32, 8, 1, 128, False, load)
 
 
+@pytest.mark.parametrize("load,page_size", [("tma", 64), ("tma", 16), ("cp_async", 17)])
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_packed_and_split(load, page_size, num_splits, causal):
+    """Decode with the query heads of a K/V head packed into one tile (GQA 32 / 8: 4 rows
+    per query) and the keys cut into splits merged by their LSEs: more splits than key
+    blocks (empty splits), a sequence with no keys and one with a single key."""
+    check(4, 1, [0, 1, 4096, 1999], page_size, 32, 8, 128, causal, load,
+          num_splits=num_splits)
+    check(2, 4, [700, 1500], page_size, 8, 2, 128, causal, load, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("s_q,h,h_kv", [(16, 16, 1), (64, 8, 1), (3, 12, 4), (1, 8, 8)])
+def test_decode_pack_shapes(load, s_q, h, h_kv):
+    """Packed tiles over several query blocks (MQA, 16 x 16 and 64 x 8 rows), a group of 3,
+    and MHA (nothing to pack: split only), causal."""
+    check(2, s_q, [2048, 555], 64, h, h_kv, 128, True, load)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decode_head_dims(head_dim, dtype):
+    """d = 64 (its pingpong default becomes overlap when packed) and d = 256 (80-key
+    stages), both dtypes, automatic splits."""
+    for causal in (False, True):
+        check(2, 2, [3000, 77], 16, 16, 4, head_dim, causal, "tma", dtype)
+        check(1, 1, [1234], 16, 16, 4, head_dim, causal, "cp_async", dtype, num_splits=3)
+
+
 def test_dense_cache_is_one_page_per_sequence():
     """Without a page table the cache is (b, s_cache, h_kv, d): the same as attention over
     each sequence's first cache_seqlens keys."""
@@ -140,22 +172,27 @@ def test_paged_matches_dense_attention():
     assert (paged.float() - dense.float()).abs().max().item() < 1e-2
 
 
-def test_cuda_graph_capture():
-    """No host synchronisation: the call captures into a CUDA graph and replays with new
-    cache lengths written in place."""
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_cuda_graph_capture(num_splits):
+    """No host synchronisation: the call (packed decode; split, with its combine) captures
+    into a CUDA graph and replays with new cache lengths written in place."""
     import torch
 
     import cutetma
 
     k, v, table, lens = make_cache(2, [500, 300], 64, 2, 128, torch.bfloat16)
     q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    cutetma.attention_with_kvcache(q, k, v, lens, table)  # compile outside the capture
+
+    def call():
+        return cutetma.attention_with_kvcache(q, k, v, lens, table, num_splits=num_splits)
+
+    call()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cutetma.attention_with_kvcache(q, k, v, lens, table)
+        out = call()
     lens.copy_(torch.tensor([450, 250], dtype=torch.int32))  # inside each sequence's pages
     graph.replay()
-    want = cutetma.attention_with_kvcache(q, k, v, lens, table)
+    want = call()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
 
@@ -181,6 +218,8 @@ def test_errors_before_launch():
     odd = torch.randn(6, 12, 2, 128, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="multiple of 8"):
         cutetma.attention_with_kvcache(q, odd, odd, lens, table[:, :2] % 6, load="tma")
+    with pytest.raises(ValueError, match="num_splits"):
+        cutetma.attention_with_kvcache(q, k, v, lens, table, num_splits=0)
 
 
 def test_torch_compile_fullgraph():

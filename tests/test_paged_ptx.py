@@ -2,6 +2,7 @@
 page size, the cp.async twin, the configuration's rules, the producer choice, and the fp32
 paged reference (tests/test_paged_gpu.py holds the numerical checks on the GPU)."""
 
+import itertools
 import re
 import shutil
 
@@ -113,3 +114,92 @@ def test_custom_op_fake_shapes():
     out, lse = torch.ops.cutetma.attention_with_kvcache(q, cache, cache, lens, table, True,
                                                         None, "auto")
     assert out.shape == q.shape and lse.shape == (2, 8, 3) and lse.dtype == torch.float32
+
+
+def test_pack_gqa_gathers_q_rows_and_split_kv_writes_fp32_partials():
+    """pack_gqa: Q arrives by cp.async row gathers (a packed row is no TMA box), the K/V
+    stages still by TMA boxes, the Q barrier completed by the producer warp's arrivals;
+    split_kv: the partial O leaves as fp32 pairs."""
+    plain = build.compile_paged_attention(AttentionConfig(page_size=64)).ptx
+    cfg = AttentionConfig(page_size=64, pack_gqa=True, split_kv=True)
+    ptx = build.compile_paged_attention(cfg, "BFloat16").ptx
+    per_stage = 2 * (128 // 64)
+    assert ptx.count("cp.async.bulk.tensor") == 2 * 2 * per_stage  # K and V, no Q box
+    assert plain.count("cp.async.bulk.tensor") == 2 + 2 * 2 * per_stage
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
+    # O's fp32 pairs (and one 4-byte LSE store per row pair, as in every variant)
+    assert ptx.count("st.global.v2.b32") > 0 and "st.global.v4.b32" not in ptx
+    assert plain.count("st.global.v4.b32") > 0 and "st.global.v2.b32" not in plain
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
+                    reason="needs ptxas and nvdisasm (CUDA toolkit)")
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_decode_kernels_keep_wgmma_async_and_the_key_loop_off_the_stack(load):
+    """The decode variants (pack_gqa, split_kv, the idle warpgroup's pass) keep the
+    consumers' WGMMAs asynchronous, and no local-memory access lies between the first and
+    the last WGMMA (the key-block loops). Non-causal, ptxas spills a few tile-level
+    scalars under the 232-register budget, outside those loops (docs/design.md)."""
+    for causal in (False, True):
+        cfg = AttentionConfig(page_size=64, causal=causal, load=load, pack_gqa=True,
+                              split_kv=True)
+        ptx = build.compile_paged_attention(cfg, "BFloat16").ptx
+        assert "C7512" not in build.ptxas_log(ptx)
+        lines = build.sass(ptx).splitlines()
+        gemms = [i for i, line in enumerate(lines) if "HGMMA" in line]
+        stack = [i for i, line in enumerate(lines) if re.search(r"\b(STL|LDL)\b", line)]
+        assert gemms and not [i for i in stack if gemms[0] <= i <= gemms[-1]]
+
+
+def test_decode_options_rules():
+    with pytest.raises(ValueError, match="paged kernel"):
+        AttentionConfig(pack_gqa=True)
+    with pytest.raises(ValueError, match="paged kernel"):
+        AttentionConfig(split_kv=True)
+    with pytest.raises(ValueError, match="pingpong"):
+        AttentionConfig(head_dim=64, page_size=64, pack_gqa=True, schedule="pingpong")
+    # d = 64's pingpong default becomes overlap when packed; the idle warpgroup skips
+    # its GEMMs only where no turns are taken
+    assert AttentionConfig(head_dim=64, page_size=64, pack_gqa=True).schedule == "overlap"
+    assert AttentionConfig(head_dim=64, page_size=64).pingpong
+    assert not AttentionConfig(head_dim=64, page_size=64).skips_idle
+    assert AttentionConfig(page_size=64, pack_gqa=True).skips_idle
+    assert not AttentionConfig(page_size=64).skips_idle
+
+
+def test_decode_rules_pack_and_split_from_shapes():
+    from cutetma.tuning.attention import MIN_BLOCKS_PER_SPLIT, paged_pack_gqa, paged_splits
+
+    assert paged_pack_gqa(1, 4) and paged_pack_gqa(16, 8) and not paged_pack_gqa(1, 1)
+    assert not paged_pack_gqa(333, 4)
+    assert paged_splits(tiles=512, key_blocks=32, sm_count=132) == 1  # b 64 x 8 K/V heads
+    assert paged_splits(tiles=8, key_blocks=512, sm_count=132) == 16  # b 1, 64k keys
+    assert paged_splits(tiles=8, key_blocks=8, sm_count=132) == 8 // MIN_BLOCKS_PER_SPLIT
+    assert paged_splits(tiles=8, key_blocks=3, sm_count=132) == 1
+
+
+@pytest.mark.parametrize("bounds", [(0, 5, 40, 97), (0, 0, 50, 97, 97), (0, 97)])
+def test_combine_splits_is_attention_over_all_the_keys(bounds):
+    """Splits of the keys, each attended on its own (empty ones included: lse -inf, out 0),
+    merged by ``combine_splits``: the attention over all the keys."""
+    import torch
+
+    from cutetma.kvcache import combine_splits
+    from cutetma.reference import attention_ref
+
+    torch.manual_seed(0)
+    b, s_q, h, h_kv, d = 2, 3, 4, 2, 64
+    q = torch.randn(b, s_q, h, d)
+    k, v = torch.randn(b, 97, h_kv, d), torch.randn(b, 97, h_kv, d)
+    parts = [attention_ref(q, k[:, lo:hi], v[:, lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    o_parts = torch.cat([o for o, _ in parts])  # split s of sequence i at s b + i
+    lse_parts = torch.cat([lse for _, lse in parts])
+    out, lse = torch.empty(b, s_q, h, d), torch.empty(b, h, s_q)
+    combine_splits(o_parts, lse_parts, len(parts), out, lse)
+    want_out, want_lse = attention_ref(q, k, v)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    # no keys at all: out 0, lse -inf, no NaN
+    empty = attention_ref(q, k[:, :0], v[:, :0])
+    combine_splits(torch.cat([empty[0]] * 2), torch.cat([empty[1]] * 2), 2, out, lse)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))

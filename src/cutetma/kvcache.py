@@ -18,7 +18,11 @@ bottom-right aligned per sequence: query i of s_q sees cache keys up to
 The kernel is ``FlashAttentionSm90`` with ``AttentionConfig.page_size`` set (one kernel,
 paging a parameter): the TMA producer loads a stage as boxes that each lie inside one page,
 the cp.async producer looks every 16-byte vector's row up in the page table.
-``load="auto"`` picks the producer by ``tuning.attention.paged_load``.
+``load="auto"`` picks the producer by ``tuning.attention.paged_load``. With few queries per
+sequence (decode) the query heads of one K/V head share a tile (``pack_gqa``), and when
+(sequence, K/V head) tiles are fewer than SMs each tile's keys are split
+(``num_splits``): the splits write fp32 partial outputs and LSEs, which ``combine_splits``
+merges, weighted by their LSEs (FlashAttention's split-KV decode).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            cache_seqlens: torch.Tensor | int,
                            page_table: torch.Tensor | None = None, *, causal: bool = False,
                            softmax_scale: float | None = None, return_lse: bool = False,
-                           load: str = "auto"):
+                           load: str = "auto", num_splits: int | None = None):
     """Attention of ``q`` over each sequence's cached keys and values (see the module).
 
     Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32. A
@@ -45,8 +49,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence's length may hold anything, NaN included. Inside ``torch.compile`` the call is
     the custom op ``torch.ops.cutetma.attention_with_kvcache``. ``load``: "auto", "tma" (page sizes
     whose TMA boxes start on a swizzle atom: gcd(page_size, keys per stage) a multiple of
-    8) or "cp_async" (any page size). Runs on the current CUDA stream, with no host
-    synchronisation (CUDA-graph capturable)."""
+    8) or "cp_async" (any page size). ``num_splits``: how many ranges each sequence's keys
+    are cut into (None: ``tuning.attention.paged_splits``, from the shapes). Runs on the
+    current CUDA stream, with no host synchronisation (CUDA-graph capturable)."""
     if isinstance(cache_seqlens, int):
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -58,14 +63,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                   device=k_cache.device)[:, None]
     if torch.compiler.is_compiling():
         out, lse = torch.ops.cutetma.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load)
+            q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
+            num_splits)
         return (out, lse) if return_lse else out
     key = _plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                    load)
+                    load, num_splits)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                     load)
+                     load, num_splits)
         if key is not None:
             _PLANS[key] = plan
     out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table)
@@ -92,15 +98,44 @@ class _PagedPlan:
 
     launch: object = None  # None: nothing to compute
     scalars: tuple = ()
+    splits: int = 1  # > 1: the kernel writes fp32 partials, combine_splits merges them
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table):
         out, lse = attention_outputs(q, empty=self.launch is None)
         if self.launch is None:
             return out, lse
-        self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                     lse.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
+        o_into, lse_into = out, lse
+        if self.splits > 1:
+            b, s_q, h, d = q.shape
+            o_into = torch.empty((self.splits * b, s_q, h, d), device=q.device,
+                                 dtype=torch.float32)
+            lse_into = torch.empty((self.splits * b, h, s_q), device=q.device,
+                                   dtype=torch.float32)
+        self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_into.data_ptr(),
+                     lse_into.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
                     + self.scalars + (_current_stream(q.device),))
+        if self.splits > 1:
+            combine_splits(o_into, lse_into, self.splits, out, lse)
         return out, lse
+
+
+def combine_splits(o_parts: torch.Tensor, lse_parts: torch.Tensor, splits: int,
+                   out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge split_kv's partials: ``o_parts`` (splits b, s_q, h, d) and ``lse_parts``
+    (splits b, h, s_q) fp32, each split's softmax over its own keys, into ``out`` (b, s_q,
+    h, d) and ``lse`` (b, h, s_q): out = sum_s e^(lse_s - lse) o_s, lse = log sum_s
+    e^(lse_s). A split without keys has lse -inf and weight 0; a row without any, out 0
+    and lse -inf."""
+    b, s_q, h, d = out.shape
+    parts = lse_parts.view(splits, b, h, s_q)
+    top = parts.amax(0)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # every split empty
+    weights = torch.exp(parts - top)
+    total = weights.sum(0)
+    torch.add(top, torch.log(total), out=lse)
+    weights = (weights / total.clamp_min(torch.finfo(torch.float32).tiny)).transpose(2, 3)
+    merged = (o_parts.view(splits, b, s_q, h, d) * weights[..., None]).sum(0)
+    out.copy_(merged)
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -110,7 +145,8 @@ def _aligned(x: torch.Tensor) -> bool:
             and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1]))
 
 
-def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load):
+def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
+          num_splits):
     from cutetma.kernels.attention import AttentionConfig
     from cutetma.tuning import attention as attention_tuning
 
@@ -158,21 +194,34 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
             raise ValueError(f"{name}: its base and strides must be multiples of 16 bytes "
                              f"with head_dim contiguous (strides {t.stride()}); "
                              ".contiguous() makes them so")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits={num_splits!r}: a positive int, or None (automatic)")
     if load == "auto":
         load = attention_tuning.paged_load(page_size, s_q, d, causal)
     gemm_tuning.check_load(load)
-    config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size)
-    plan = _PagedPlan()
+    pack = attention_tuning.paged_pack_gqa(s_q, h // h_kv)
+    shape = AttentionConfig(head_dim=d, causal=causal)
+    rows, heads = (s_q * (h // h_kv), h_kv) if pack else (s_q, h)
+    tiles = -(-rows // shape.block_m) * heads * b
+    key_blocks = -(-page_table.shape[1] * page_size // shape.block_n)
+    sms = runtime.sm_count(q.device.index)
+    splits = num_splits or attention_tuning.paged_splits(tiles, key_blocks, sms)
+    config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
+                             pack_gqa=pack, split_kv=splits > 1)
+    plan = _PagedPlan(splits=splits)
     if q.numel() == 0 or page_table.shape[1] == 0:
         return plan
+    # O's strides: out is made like q; split_kv's partial is a contiguous (splits b, s_q,
+    # h, d) fp32 tensor
+    out_like = torch.empty((b * splits, s_q, h, d), device="meta") if splits > 1 else (
+        torch.empty_like(q, device="meta"))
     strides = [q.stride(1), q.stride(2), q.stride(0),
                k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
                v_cache.stride(1), v_cache.stride(2), v_cache.stride(0),
-               *(torch.empty_like(q, device="meta").stride(i) for i in (1, 2, 0)),
-               page_table.stride(0)]
+               *(out_like.stride(i) for i in (1, 2, 0)), page_table.stride(0)]
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    sms = runtime.sm_count(q.device.index)
-    plan.scalars = (b, s_q, h, h_kv, d, pages, page_table.shape[1], *strides, scale, sms)
+    plan.scalars = (b, s_q, h, h_kv, d, pages, page_table.shape[1], *strides, scale, sms,
+                    splits)
     plan.launch = runtime.paged_attention_launch(q.dtype, config)
     return plan
 
@@ -184,18 +233,18 @@ def clear_plans() -> None:
 @torch.library.custom_op("cutetma::attention_with_kvcache", mutates_args=())
 def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool = False,
-                softmax_scale: float | None = None,
-                load: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                softmax_scale: float | None = None, load: str = "auto",
+                num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
-    page_table, causal, softmax_scale, load) -> (out, lse)``: the call inside
+    page_table, causal, softmax_scale, load, num_splits) -> (out, lse)``: the call inside
     ``torch.compile``."""
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
                                   causal=causal, softmax_scale=softmax_scale,
-                                  return_lse=True, load=load)
+                                  return_lse=True, load=load, num_splits=num_splits)
 
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, page_table, causal=False, softmax_scale=None,
-      load="auto"):
+      load="auto", num_splits=None):
     b, s_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)

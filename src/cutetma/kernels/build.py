@@ -264,7 +264,8 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
 def compile_paged_attention(cfg, dtype_name: str = "Float16"):
     """The paged attention forward (``FlashAttentionSm90.paged``) for sm_90a: Q, O (s_q, d,
     h, b) and the K / V pools (page_size, d, h_kv, pages) as ``ops`` passes them (dynamic
-    sizes and strides), the page table (b, max_pages) and cache lengths (b,) int32."""
+    sizes and strides), the page table (b, max_pages) and cache lengths (b,) int32;
+    ``split_kv``: O and the LSE fp32 partials."""
     from cutetma import dsl
     from cutetma.kernels.attention import FlashAttentionSm90
 
@@ -273,9 +274,9 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
 
     dtype = getattr(cutlass, dtype_name)
 
-    def tensor(rows):
-        return make_fake_tensor(dtype, (rows, cute.sym_int32(), cute.sym_int32(),
-                                        cute.sym_int32()),
+    def tensor(rows, element=dtype):
+        return make_fake_tensor(element, (rows, cute.sym_int32(), cute.sym_int32(),
+                                          cute.sym_int32()),
                                 (cute.sym_int64(), 1, cute.sym_int64(), cute.sym_int64()),
                                 assumed_align=16)
 
@@ -285,6 +286,8 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
                              (cute.sym_int64(), 1), assumed_align=4)
     lengths = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     rows = cute.sym_int32()
+    out = tensor(rows, cutlass.Float32 if cfg.split_kv else dtype)
     return dsl.compile_ptx(FlashAttentionSm90(cfg).paged, tensor(rows), tensor(cfg.page_size),
-                           tensor(cfg.page_size), tensor(rows), lse, table, lengths,
-                           cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())
+                           tensor(cfg.page_size), out, lse, table, lengths,
+                           cutlass.Float32(0.125), cutlass.Int32(132), cutlass.Int32(1),
+                           make_fake_stream())

@@ -1,4 +1,6 @@
-"""Attention choices made on the host: the producer for paged K/V (``paged_load``).
+"""Attention choices made on the host for paged K/V: the producer (``paged_load``), packing
+a K/V head's query heads into one tile (``paged_pack_gqa``) and splitting the keys
+(``paged_splits``).
 
 Pure functions of the problem; docs/design.md ("Paged attention: boxes per page") gives the
 H200 measurements behind each rule.
@@ -24,3 +26,29 @@ def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> st
     (``tma_page_sizes_ok``), cp.async otherwise."""
     del seqlen_q  # one rule for prefill and decode until decode is measured with packing
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
+
+
+# pack_gqa up to this many queries per sequence: decode (1), speculative steps, short chunks
+PACK_GQA_MAX_SEQLEN_Q = 64
+# split_kv: at least this many key blocks per split (a split's pipeline fills, and the
+# combine's partials stay few), at most this many splits
+MIN_BLOCKS_PER_SPLIT = 4
+MAX_SPLITS = 64
+
+
+def paged_pack_gqa(seqlen_q: int, group: int) -> bool:
+    """Pack the ``group`` query heads of each K/V head into one tile (``AttentionConfig.
+    pack_gqa``): with few queries a tile of one head is mostly empty rows, and each of the
+    group's tiles reads the same keys again."""
+    return group > 1 and seqlen_q <= PACK_GQA_MAX_SEQLEN_Q
+
+
+def paged_splits(tiles: int, key_blocks: int, sm_count: int) -> int:
+    """Splits of each tile's key blocks (``AttentionConfig.split_kv``) when the ``tiles``
+    alone leave SMs idle: about one work item per SM, each at least
+    ``MIN_BLOCKS_PER_SPLIT`` blocks long. From shapes only (no host synchronisation:
+    ``key_blocks`` counts the page table's capacity, not the cache lengths)."""
+    if tiles >= sm_count:
+        return 1
+    return max(1, min(sm_count // max(tiles, 1), key_blocks // MIN_BLOCKS_PER_SPLIT,
+                      MAX_SPLITS))

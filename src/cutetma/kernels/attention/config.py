@@ -92,6 +92,16 @@ class AttentionConfig:
     # K/V. A compile-time constant (a deployment fixes its page size), so a key's page and
     # its row in the page are a shift or a multiply, not a division.
     page_size: int = 0
+    # paged only. pack_gqa: the query heads of one K/V head share a tile, their rows packed
+    # as (group, s_q) (row r is query r // group of head r % group of the group), so a
+    # decode step or a short chunk reads each K/V block once per K/V head, not once per
+    # query head (FlashAttention-3's PackGQA); its Q is gathered row by row, and a consumer
+    # warpgroup whose 64 rows are all past the tile's rows skips its GEMMs.
+    pack_gqa: bool = False
+    # paged only. split_kv: a tile's key blocks are cut into ``num_splits`` (a runtime
+    # value) ranges; each writes an fp32 partial O and its LSE, which a combine merges
+    # (decode with fewer (sequence, K/V head) tiles than SMs)
+    split_kv: bool = False
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -106,7 +116,10 @@ class AttentionConfig:
         if not self.stages:
             object.__setattr__(self, "stages", min(3, self.max_stages))
         if not self.schedule:
-            object.__setattr__(self, "schedule", BEST_SCHEDULE[(self.head_dim, self.causal)])
+            schedule = BEST_SCHEDULE[(self.head_dim, self.causal)]
+            if self.pack_gqa and schedule == "pingpong":
+                schedule = "overlap"  # an idle warpgroup takes no turns
+            object.__setattr__(self, "schedule", schedule)
         if not self.pv_wait:
             object.__setattr__(self, "pv_wait", PV_WAIT[self.head_dim])
         if self.pv_wait not in PV_WAITS:
@@ -134,6 +147,12 @@ class AttentionConfig:
                 f"page_size={self.page_size} with block_n={self.block_n}: a TMA box of K/V "
                 f"rows must start on a swizzle atom (8 rows); gcd(page_size, block_n) = "
                 f"{self.kv_box} is not a multiple of 8. load='cp_async' takes any page size")
+        if (self.pack_gqa or self.split_kv) and not self.paged:
+            raise ValueError("pack_gqa and split_kv are options of the paged kernel "
+                             "(page_size > 0)")
+        if self.pack_gqa and self.pingpong:
+            raise ValueError("pack_gqa with schedule='pingpong': a warpgroup with no rows "
+                             "skips its GEMMs and cannot take turns; use 'overlap'")
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {smem_capacity() // 1024} KiB of shared memory)")
@@ -161,6 +180,14 @@ class AttentionConfig:
     def registers(self) -> tuple[int, int]:
         """setmaxnreg's (producer, each consumer) budget (``REGISTERS``)."""
         return (REGISTERS_PAGED if self.paged else REGISTERS)[(self.load, self.consumers)]
+
+    @property
+    def skips_idle(self) -> bool:
+        """Whether a consumer warpgroup whose rows all lie past the tile's skips the tile's
+        GEMMs (it still takes and frees every stage): pack_gqa, where a decode tile's rows
+        fill one warpgroup at most. (The extra path cost the plain paged kernel 16 bytes of
+        spills under its 232-register budget, for tails only.)"""
+        return self.pack_gqa
 
     @property
     def consumers(self) -> int:

@@ -24,7 +24,8 @@ def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q
     half of eight 32-byte sectors. The four threads of a row (a quad) hold, between them,
     every column: a 4 x 4 transpose of their 4-byte pairs inside each 32 columns (two
     butterfly shuffle steps, ``quad_transpose``) gives each thread 8 contiguous columns,
-    stored as one 16 bytes: 4x fewer stores, whole sectors."""
+    stored as one 16 bytes: 4x fewer stores, whole sectors. An fp32 ``mO`` (split_kv's
+    partial) takes each pair as it lies, one 8-byte store: the combine reads it once."""
     tidx, _, _ = cute.arch.thread_idx()
     quad = tidx % 4
     # both rows' sums first: the two shuffle chains' latencies overlap
@@ -36,20 +37,18 @@ def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q
         if total[r] > 0.0:
             inv = cute.arch.rcp_approx(total[r])
         row = row0 + 8 * r
-        # the row's d columns as 8-column chunks: chunk 4 k + quad is this thread's
-        o_chunks = cute.zipped_divide(cute.local_tile(
-            mO[(row, None, head, batch)], (cfg.head_dim,), (0,)), (8,))
-        for k in cutlass.range_constexpr(cfg.head_dim // 32):
-            # slot q: this thread's pair in 8-column group 4 k + q (accumulator index
-            # 4 g + 2 r + c holds row r's column 8 g + 2 quad + c)
-            chunk = cute.make_rmem_tensor((8,), mO.element_type)
-            for q in cutlass.range_constexpr(4):
-                for c in cutlass.range_constexpr(2):
-                    chunk[2 * q + c] = (acc_o[4 * (4 * k + q) + 2 * r + c] * inv).to(
-                        mO.element_type)
-            quad_transpose(cute.recast_tensor(chunk, cutlass.Int32), quad)
+        if cutlass.const_expr(mO.element_type == cutlass.Float32):
             if row < seqlen_q:
-                cute.autovec_copy(chunk, o_chunks[(None, 4 * k + quad)])
+                # pair 4 g + quad of the row: columns 8 g + 2 quad + (0, 1)
+                o_pairs = cute.zipped_divide(cute.local_tile(
+                    mO[(row, None, head, batch)], (cfg.head_dim,), (0,)), (2,))
+                for g in cutlass.range_constexpr(cfg.head_dim // 8):
+                    pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+                    for c in cutlass.range_constexpr(2):
+                        pair[c] = acc_o[4 * g + 2 * r + c] * inv
+                    cute.autovec_copy(pair, o_pairs[(None, 4 * g + quad)])
+        else:
+            _store_row_chunks(cfg, acc_o, r, inv, mO, row, head, batch, quad, seqlen_q)
         if row < seqlen_q:
             if quad == 0:
                 lse = -cutlass.Float32.inf
@@ -57,6 +56,25 @@ def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q
                     lse = row_max[r] * (scale_log2 / LOG2_E) + cute.math.log(
                         total[r], fastmath=True)
                 mLSE[row, head, batch] = lse
+
+
+@cute.jit
+def _store_row_chunks(cfg, acc_o, r, inv, mO, row, head, batch, quad, seqlen_q):
+    """The thread's row r (``row``) of O in 16-byte chunks, after the quad transpose."""
+    # the row's d columns as 8-column chunks: chunk 4 k + quad is this thread's
+    o_chunks = cute.zipped_divide(cute.local_tile(
+        mO[(row, None, head, batch)], (cfg.head_dim,), (0,)), (8,))
+    for k in cutlass.range_constexpr(cfg.head_dim // 32):
+        # slot q: this thread's pair in 8-column group 4 k + q (accumulator index 4 g + 2 r
+        # + c holds row r's column 8 g + 2 quad + c)
+        chunk = cute.make_rmem_tensor((8,), mO.element_type)
+        for q in cutlass.range_constexpr(4):
+            for c in cutlass.range_constexpr(2):
+                chunk[2 * q + c] = (acc_o[4 * (4 * k + q) + 2 * r + c] * inv).to(
+                    mO.element_type)
+        quad_transpose(cute.recast_tensor(chunk, cutlass.Int32), quad)
+        if row < seqlen_q:
+            cute.autovec_copy(chunk, o_chunks[(None, 4 * k + quad)])
 
 
 @cute.jit

@@ -22,6 +22,17 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 
+class _Problem:
+    """The launch's sizes as the tile walk reads them: ``rows`` of a (head, batch) tile
+    column (s_q, or group x s_q packed), ``seqlen_q`` (queries), ``group`` (packed rows
+    per query: pack_gqa's group, else 1), ``heads`` (h, or h_kv packed), ``batches``,
+    ``splits`` (split_kv), ``seqlen_k`` (dense keys). A plain holder: the kernel's helpers
+    are inlined, so it never crosses a compiled boundary."""
+
+    def __init__(self, **sizes):
+        self.__dict__.update(sizes)
+
+
 class FlashAttentionSm90:
     def __init__(self, config: AttentionConfig):
         self.cfg = config
@@ -36,28 +47,37 @@ class FlashAttentionSm90:
         (The torch face permutes (b, s, h, d) tensors into these views; d is contiguous.)
         ``sm_count``: how many CTAs run at once, the persistent grid's size (one CTA per SM:
         its 384 or 512 threads fill the register file)."""
-        self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, stream)
+        self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, 1, stream)
 
     @cute.jit
     def paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
               mLSE: cute.Tensor, mPageTable: cute.Tensor, mSeqlensK: cute.Tensor,
-              softmax_scale: cutlass.Float32, sm_count: cutlass.Int32, stream: cuda.CUstream):
+              softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+              num_splits: cutlass.Int32, stream: cuda.CUstream):
         """Paged K/V: mK, mV are the cache pools seen as (page_size, d, h_kv, pages) (the
         torch (pages, page_size, h_kv, d) permuted); mPageTable (b, max_pages) int32 maps a
         sequence's i-th page to a pool page; mSeqlensK (b,) int32 its number of keys. mQ,
-        mO, mLSE as in ``__call__`` (s_q the same for every sequence)."""
+        mO, mLSE as in ``__call__`` (s_q the same for every sequence). ``split_kv``: mO
+        and mLSE are fp32 partials for ``num_splits`` x b sequences (split s of sequence i
+        at batch index s b + i), for the combine to merge."""
         self._launch(mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                     stream)
+                     num_splits, stream)
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                stream):
+                num_splits, stream):
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
         # its strides are as aligned as Q's (the epilogue's 16-byte stores rely on it)
         mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
+        mQ_heads = mQ  # TMA's view of Q (unused by pack_gqa, which gathers Q rows)
+        if cutlass.const_expr(cfg.pack_gqa):
+            # a tile's rows are (group, s_q): the query heads of one K/V head, packed
+            mQ, mO = self._pack_rows(mQ, group, 2), self._pack_rows(mO, group, 2)
+            mLSE = self._pack_rows(mLSE, group, 1)
+            group = 1
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
         mK = self._broadcast_heads(mK, group)
         mV = self._broadcast_heads(mV, group)
@@ -81,7 +101,7 @@ class FlashAttentionSm90:
         sV_layout = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR,
                                             (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
                                             cfg.stages)
-        tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)),
+        tma_q, mQ_tma = tma.load_atom(mQ_heads, cute.slice_(sQ_layout, (None, None, 0)),
                                       (cfg.block_m, cfg.head_dim))
         # a K / V box: a whole stage (dense), or kv_box rows of it, each inside one page
         # (paged): the stage's own layout cut to the box, so the box's swizzle phase is the
@@ -108,7 +128,8 @@ class FlashAttentionSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
-        items = scheduler.work_items(cfg, mQ.shape[0], mQ.shape[2], mQ.shape[3])
+        items = scheduler.work_items(cfg, cute.size(mQ, mode=[0]), mQ.shape[2], mQ.shape[3],
+                                     num_splits)
         grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
                 1, 1)
         # dense: no page table or lengths; the kernel takes the LSE in their place, unread
@@ -116,7 +137,7 @@ class FlashAttentionSm90:
             mPageTable, mSeqlensK = mLSE, mLSE
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE,
                     mPageTable, mSeqlensK, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
-                    mK.shape[0], softmax_scale * LOG2_E).launch(
+                    mK.shape[0], softmax_scale * LOG2_E, num_splits).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -159,18 +180,22 @@ class FlashAttentionSm90:
                             v_s: cutlass.Int64, v_h: cutlass.Int64, v_p: cutlass.Int64,
                             o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
                             table_b: cutlass.Int64, softmax_scale: cutlass.Float32,
-                            sm_count: cutlass.Int32, stream: cuda.CUstream):
+                            sm_count: cutlass.Int32, num_splits: cutlass.Int32,
+                            stream: cuda.CUstream):
         """``paged`` from base pointers, sizes and strides: Q, O (b, s_q, h, d); the pools
         (pages, page_size, h_kv, d) with (row, head, page) strides; the page table
         (b, max_pages) with row stride ``table_b``; the cache lengths (b,) contiguous; the
-        LSE a contiguous (b, h, s_q) fp32 tensor."""
+        LSE a contiguous (b, h, s_q) fp32 tensor. ``split_kv``: O (num_splits b, s_q, h, d)
+        and the LSE (num_splits b, h, s_q), both fp32 partials."""
         def view(pointer, rows, count, outer, s, h, b):  # -> (rows, d, h, outer)
             return cute.make_tensor(pointer, cute.make_layout(
                 (rows, head_dim, count, outer), stride=(s, 1, h, b)))
 
+        out_batch = batch * num_splits if cutlass.const_expr(self.cfg.split_kv) else batch
         per_head = cutlass.Int64(seqlen_q)
         mLSE = cute.make_tensor(pLSE, cute.make_layout(
-            (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+            (seqlen_q, heads, out_batch),
+            stride=(1, per_head, per_head * cutlass.Int64(heads))))
         table = cute.make_tensor(pPageTable, cute.make_layout((batch, max_pages),
                                                               stride=(table_b, 1)))
         lengths = cute.make_tensor(pSeqlensK, cute.make_layout((batch,), stride=(1,)))
@@ -178,8 +203,8 @@ class FlashAttentionSm90:
         self.paged(view(pQ, seqlen_q, heads, batch, q_s, q_h, q_b),
                    view(pK, size, heads_kv, pages, k_s, k_h, k_p),
                    view(pV, size, heads_kv, pages, v_s, v_h, v_p),
-                   view(pO, seqlen_q, heads, batch, o_s, o_h, o_b), mLSE, table, lengths,
-                   softmax_scale, sm_count, stream)
+                   view(pO, seqlen_q, heads, out_batch, o_s, o_h, o_b), mLSE, table, lengths,
+                   softmax_scale, sm_count, num_splits, stream)
 
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
@@ -191,6 +216,18 @@ class FlashAttentionSm90:
         stride = tuple(s if isinstance(s, int) else cute.assume(s, divby=vec)
                        for s in mX.stride)
         return cute.make_tensor(mX.iterator, cute.make_layout(mX.shape, stride=stride))
+
+    @staticmethod
+    def _pack_rows(mX: cute.Tensor, group, head_mode: int):
+        """(s, ..., h, ...) -> ((group, s), ..., h // group, ...): row r of the packed mode is
+        position r // group of head r % group of its K/V head's group (``pack_gqa``).
+        ``head_mode``: where h is (2 for Q and O (s, d, h, b), 1 for the LSE (s, h, b))."""
+        shape, stride = list(mX.shape), list(mX.stride)
+        shape[0] = (group, mX.shape[0])
+        stride[0] = (mX.stride[head_mode], mX.stride[0])
+        shape[head_mode] = mX.shape[head_mode] // group
+        stride[head_mode] = mX.stride[head_mode] * group
+        return cute.make_tensor(mX.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
 
     @staticmethod
     def _broadcast_heads(mX: cute.Tensor, group):
@@ -209,7 +246,7 @@ class FlashAttentionSm90:
                mSeqlensK: cute.Tensor, qk_mma: cute.TiledMma,
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32):
+               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32, num_splits: cutlass.Int32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -225,9 +262,9 @@ class FlashAttentionSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         q_full = storage.q_barriers.data_ptr()  # buffer i: q_full + i, q_empty + i
         q_empty = q_full + cfg.q_stages
-        k_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sK_layout, (None, None, 0)))
-        v_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sV_layout, (None, None, 0)))
-        q_bytes = cute.size_in_bytes(mO.element_type, cute.slice_(sQ_layout, (None, None, 0)))
+        k_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sK_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        q_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sQ_layout, (None, None, 0)))
         # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
         # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
         # even when an overlapped iteration holds V_{j-1} and K_j at once
@@ -238,34 +275,72 @@ class FlashAttentionSm90:
         if warp == 0:
             with cute.arch.elect_one():
                 for i in cutlass.range_constexpr(cfg.q_stages):
-                    cute.arch.mbarrier_init(q_full + i, self.loader.barrier_count(WARPGROUP))
+                    cute.arch.mbarrier_init(q_full + i, self._q_arrivals())
                     # every consumer thread arrives
                     cute.arch.mbarrier_init(q_empty + i, cfg.consumers * WARPGROUP)
         # the barriers must be initialized before anyone waits on them
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
-        seqlen_q, heads = mO.shape[0], mO.shape[2]
-        items = scheduler.work_items(cfg, seqlen_q, heads, mO.shape[3])
+        # O's sizes (Q's: the same view), which the epilogue holds anyway; split_kv's O has
+        # num_splits x b batches, Q has b
+        rows = cute.size(mO, mode=[0])
+        prob = _Problem(rows=rows, seqlen_q=rows, group=1, heads=mO.shape[2],
+                        batches=mQ.shape[3] if cutlass.const_expr(cfg.split_kv) else mO.shape[3],
+                        splits=num_splits, seqlen_k=seqlen_k)
+        if cutlass.const_expr(cfg.pack_gqa):
+            prob.group, prob.seqlen_q = mO.shape[0][0], mO.shape[0][1]
+        items = scheduler.work_items(cfg, rows, prob.heads, prob.batches, num_splits)
         producer_regs, consumer_regs = cfg.registers
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
-                                 mK_tma, tma_v, mV_tma, sQ, sK, sV, mPageTable, mSeqlensK,
-                                 items, heads, seqlen_q, seqlen_k)
+                                 mK_tma, tma_v, mV_tma, mQ, sQ, sK, sV, mPageTable, mSeqlensK,
+                                 items, prob)
             else:
                 self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                                      mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k)
+                                      mPageTable, mSeqlensK, items, prob)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
-                         mSeqlensK, items, heads, seqlen_q, seqlen_k, scale_log2)
+                         mSeqlensK, items, prob, scale_log2)
+
+    def _q_arrivals(self) -> int:
+        """Arrivals that fill a Q buffer: the loader's (TMA: one, with the bytes), or
+        (pack_gqa's row gather under the TMA producer) the producer warp's 32 cp.async
+        threads."""
+        if self.cfg.pack_gqa and self.cfg.load == "tma":
+            return 32
+        return self.loader.barrier_count(WARPGROUP)
+
+    @cute.jit
+    def _packed_q_loader(self, mQ, sQ, m_block, head, batch, rows, q_full, tidx,
+                         threads: cutlass.Constexpr):
+        """pack_gqa's ``load_q``: the tile's rows of Q, 16 bytes per cp.async from each row's
+        own (position, head) (a packed row is no TMA box), by ``threads`` threads that each
+        arrive on the Q barrier when theirs land. Rows past the tile's are left as they
+        are: their scores are never stored."""
+        cfg = self.cfg
+        q_part = cpa.partition_stage(sQ, (cfg.block_m, cfg.head_dim), tidx, threads, 1)
+        vec = cpa.VECTOR_BYTES * 8 // mQ.element_type.width
+        gQ = mQ[(None, None, head, batch)]  # ((group, s_q), d)
+
+        def load_q(q_stage):
+            def q_vector(row, col):
+                return cute.local_tile(gQ[(m_block * cfg.block_m + row, None)], (vec,),
+                                       (col // vec,))
+
+            cpa.load_gathered(q_part, q_stage, rows - m_block * cfg.block_m, 0, q_vector,
+                              zero_past=False)
+            cute.arch.cp_async_mbarrier_arrive_noinc(q_full + q_stage)
+
+        return load_q
 
     @cute.jit
     def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
-                mV_tma, sQ, sK, sV, mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k):
+                mV_tma, mQ, sQ, sK, sV, mPageTable, mSeqlensK, items, prob):
         """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
         (the ring runs on across tiles), in ``_produce_tile``'s order. Paged: a stage is
         ``block_n // kv_box`` boxes, each from the page its keys lie in (the pool's page is a
@@ -275,14 +350,18 @@ class FlashAttentionSm90:
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
         def tile_loaders(m_block, head, batch, kv_len):
-            gQ = cute.local_tile(mQ_tma[(None, None, head, batch)], (cfg.block_m, cfg.head_dim),
-                                 (m_block, 0))
-            _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+            if cutlass.const_expr(cfg.pack_gqa):
+                load_q = self._packed_q_loader(mQ, sQ, m_block, head, batch, prob.rows, q_full,
+                                               cute.arch.lane_idx(), 32)
+            else:
+                gQ = cute.local_tile(mQ_tma[(None, None, head, batch)],
+                                     (cfg.block_m, cfg.head_dim), (m_block, 0))
+                _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
 
-            def load_q(q_stage):
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
-                cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
+                def load_q(q_stage):
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
 
             if cutlass.const_expr(not cfg.paged):
                 gK = cute.local_tile(mK_tma[(None, None, head, batch)],
@@ -339,8 +418,7 @@ class FlashAttentionSm90:
 
             return load_q, load_k, load_v, refill
 
-        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
-                           seqlen_k, tile_loaders)
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
 
     @cute.jit
     def _page_of(self, pages, first_box, g):
@@ -360,7 +438,7 @@ class FlashAttentionSm90:
 
     @cute.jit
     def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                         mPageTable, mSeqlensK, items, heads, seqlen_q, seqlen_k):
+                         mPageTable, mSeqlensK, items, prob):
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
         land. Key rows past s_k are zeros in V (P is 0 there, and 0 * garbage can be NaN);
@@ -370,13 +448,18 @@ class FlashAttentionSm90:
         tidx, _, _ = cute.arch.thread_idx()
 
         def tile_loaders(m_block, head, batch, kv_len):
-            gQ = mQ[(None, None, head, batch)]  # (s_q, d)
-            q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx, WARPGROUP)
+            if cutlass.const_expr(cfg.pack_gqa):
+                load_q = self._packed_q_loader(mQ, sQ, m_block, head, batch, prob.rows, q_full,
+                                               tidx, WARPGROUP)
+            else:
+                gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+                q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx,
+                                               WARPGROUP)
 
-            def load_q(q_stage):
-                cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
-                              (cfg.block_m, cfg.head_dim))
-                self.loader.commit(q_full + q_stage)
+                def load_q(q_stage):
+                    cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
+                                  (cfg.block_m, cfg.head_dim))
+                    self.loader.commit(q_full + q_stage)
 
             if cutlass.const_expr(not cfg.paged):
                 gK = mK[(None, None, head, batch)]  # (s_k, d)
@@ -423,12 +506,11 @@ class FlashAttentionSm90:
 
             return load_q, load_k, load_v, None
 
-        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
-                           seqlen_k, tile_loaders)
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
 
     @cute.jit
-    def _produce_walk(self, pipe_k, pipe_v, q_empty, mSeqlensK, items, heads, seqlen_q,
-                      seqlen_k, tile_loaders: cutlass.Constexpr):
+    def _produce_walk(self, pipe_k, pipe_v, q_empty, mSeqlensK, items, prob,
+                      tile_loaders: cutlass.Constexpr):
         """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
         head, batch, keys)`` gives that tile's (load_q, load_k, load_v), traced once inside the
         iteration, so what they capture is this tile's; the ring position is carried as a
@@ -439,36 +521,44 @@ class FlashAttentionSm90:
         for k in cutlass.range(scheduler.my_item_count(cfg, items), unroll=1):
             worker, workers = scheduler.worker()
             item = worker + k * workers
-            for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
-                m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
-                kv_len = self._kv_len(mSeqlensK, batch, seqlen_k)
+            for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
+                m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
+                                                                    prob.heads, prob.batches)
+                kv_len = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
                 load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len)
-                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, kv_len)
-                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, n_blocks, load_q,
+                lo, hi = self._key_range(m_block, split, kv_len, prob)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, lo, hi, load_q,
                                    load_k, load_v, refill)
-                done += n_blocks
+                done += hi - lo
                 local += 1
         pipe_k.producer_tail(self._ring(done, producer=True))
         pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, n_blocks,
+    def _key_range(self, m_block, split, kv_len, prob):
+        """The key blocks [lo, hi) a tile walks: those its rows see (``key_blocks``), or
+        (split_kv) its split's range of them."""
+        n_blocks = scheduler.key_blocks(self.cfg, m_block, prob.seqlen_q, kv_len, prob.group)
+        return scheduler.block_range(self.cfg, n_blocks, split, prob.splits)
+
+    @cute.jit
+    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, lo, hi,
                       load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
                       load_v: cutlass.Constexpr, refill: cutlass.Constexpr):
         """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
         need only a free stage, so they overlap the consumers' last blocks of the previous
         tile), then Q once the consumers have finished reading the Q that buffer held before
         (q empty: the previous tile's, or with two buffers the one before), then the
-        remaining key blocks."""
-        first = cutlass.min(n_blocks, 1)
-        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), 0, first, load_k,
+        remaining key blocks (blocks lo .. hi - 1)."""
+        first = cutlass.min(hi - lo, 1)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), lo, lo + first, load_k,
                          load_v, refill)
         q_stage, q_phase = self._q_slot(local)
         if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
             cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
         load_q(q_stage)
-        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), first,
-                         n_blocks, load_k, load_v, refill)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), lo + first,
+                         hi, load_k, load_v, refill)
 
     @cute.jit
     def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
@@ -515,8 +605,10 @@ class FlashAttentionSm90:
 
     @cute.jit
     def consume(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
-                mSeqlensK, items, heads, seqlen_q, seqlen_k_all, scale_log2):
-        """A consumer warpgroup, per tile: its 64 query rows against every key block."""
+                mSeqlensK, items, prob, scale_log2):
+        """A consumer warpgroup, per tile: its 64 query rows against the tile's key blocks
+        (``_consume_tile``), or (``skips_idle``) with none of its rows in the tile, only the
+        stages' waits and releases (``_pass_tile``)."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP
@@ -525,18 +617,18 @@ class FlashAttentionSm90:
         warp_in_wg = (ctid % WARPGROUP) // 32
         qk_thr = qk_mma.get_slice(wg * WARPGROUP)
         pv_thr = pv_mma.get_slice(wg * WARPGROUP)
-        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
-        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
-        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
-        s_shape = qk_thr.partition_shape_C((cfg.block_m, cfg.block_n))
-        o_shape = pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim))
+        # this warpgroup's operands and accumulator shapes, and this thread's first row (in
+        # its block) and first column inside a block (the WGMMA accumulator layout): made
+        # once, outside the tile loop
+        frags = _Problem(
+            tSrQ=qk_mma.make_fragment_A(qk_thr.partition_A(sQ)),
+            tSrK=qk_mma.make_fragment_B(qk_thr.partition_B(sK)),
+            tOrV=pv_mma.make_fragment_B(pv_thr.partition_B(sV)),
+            s_shape=qk_thr.partition_shape_C((cfg.block_m, cfg.block_n)),
+            o_shape=pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim)),
+            row_in_block=wg * 64 + warp_in_wg * 16 + lane // 4, col_in_tile=(lane % 4) * 2)
         # set once, here: a field set inside a staged loop cannot be read after it
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        # this thread's rows (in its tile) and first column inside a tile (the WGMMA
-        # accumulator layout)
-        row_in_block = wg * 64 + warp_in_wg * 16 + lane // 4
-        col_in_tile = (lane % 4) * 2
-        p_steps = cfg.block_n // 16
 
         # pingpong: warpgroup w waits on barrier 1 + w before issuing its GEMMs and then
         # signals the next one's, round robin (ids 1 .. consumers are this kernel's only
@@ -555,125 +647,173 @@ class FlashAttentionSm90:
         for k in cutlass.range(scheduler.my_item_count(cfg, items), unroll=1):
             worker, workers = scheduler.worker()
             item = worker + k * workers
-            for half in cutlass.range(scheduler.item_tiles(cfg, item, seqlen_q), unroll=1):
-                m_block, head, batch = scheduler.tile_coords(cfg, item, half, seqlen_q, heads)
-                seqlen_k = self._kv_len(mSeqlensK, batch, seqlen_k_all)
-                n_blocks = scheduler.key_blocks(cfg, m_block, seqlen_q, seqlen_k)
-                row0 = m_block * cfg.block_m + row_in_block
-                read = self._ring(done)
-                # the register tensors are made per tile: nothing in them lives from one tile
-                # to the next, so they need not be values carried around the tile loop (this
-                # alone did not lift the C7512 of bf16, d = 128; the loop's form did, see
-                # _my_item_count)
-                acc_o = cute.make_rmem_tensor(o_shape, cutlass.Float32)
-                acc_o.fill(0.0)
-                row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
-                row_max.fill(-cutlass.Float32.inf)
-                row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
-                row_sum.fill(0.0)
-                acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale
-                # P, converted element by element, is the A operand of P V (see the docstring)
-                tOrP = cute.make_rmem_tensor(cute.make_layout(
-                    ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), mO.element_type)
-                tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
-                q_stage, q_phase = self._q_slot(local)
-                cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
-                if cutlass.const_expr(cfg.load == "cp_async"):
-                    cute.arch.fence_view_async_shared()  # Q came through the generic proxy
-                if cutlass.const_expr(not cfg.overlap):
-                    for j in cutlass.range(n_blocks, unroll=1):
-                        self.loader.consumer_wait(pipe_k, read)
-                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
-                        warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_k, read)
-                        self._release_q_after(j, n_blocks, q_empty + q_stage)
-                        apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
-                        online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                        rescale(acc_o, correction)
-                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                        self.loader.consumer_wait(pipe_v, read)
-                        if j == n_blocks - 1:
-                            self._zero_v_tail(sV, read.index, seqlen_k - j * cfg.block_n)
-                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
-                        warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_v, read)
-                        read.advance()
+            for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
+                m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
+                                                                    prob.heads, prob.batches)
+                seqlen_k = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
+                lo, hi = self._key_range(m_block, split, seqlen_k, prob)
+                if cutlass.const_expr(cfg.skips_idle):
+                    if m_block * cfg.block_m + wg * 64 >= prob.rows:
+                        self._pass_tile(pipe_k, pipe_v, q_full, q_empty, local, done, lo, hi)
+                    else:
+                        self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma,
+                                           frags, sV, mO, mLSE, prob, scale_log2, m_block,
+                                           head, batch, split, seqlen_k, lo, hi, local,
+                                           done)
                 else:
-                    if n_blocks > 0:
-                        # V_{j-1} (this iteration's P V) is waited for and released one iteration
-                        # behind K_j
-                        release = read.clone()
-                        # block 0: S_0 and its softmax; its P V is issued with S_1
-                        self.loader.consumer_wait(pipe_k, read)
-                        if cutlass.const_expr(cfg.pingpong):
-                            self._turn(pass_on=False)
-                        self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
-                        if cutlass.const_expr(cfg.pingpong):
-                            self._turn(pass_on=True)
-                        warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_k, read)
-                        self._release_q_after(0, n_blocks, q_empty + q_stage)
-                        apply_mask(cfg, acc_s, 0, row0, col_in_tile, seqlen_q, seqlen_k)
-                        online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                        read.advance()
-                        for j in cutlass.range(1, n_blocks, unroll=1):
-                            self.loader.consumer_wait(pipe_k, read)
-                            if cutlass.const_expr(cfg.pv_wait == "late"):
-                                # P_{j-2} V_{j-2}, issued in the last iteration, done (nothing
-                                # is in flight at j = 1): waited for here, behind the loop's
-                                # back edge, which ptxas does not hoist a wait across (PV_WAIT)
-                                warpgroup.wait_group(0)
-                                if j > 1:
-                                    self.loader.consumer_release(pipe_v, release)  # V_{j-2}
-                                    release.advance()
-                            if cutlass.const_expr(cfg.pingpong):
-                                self._turn(pass_on=False)
-                            # P_{j-1} from S_{j-1}, just before S_j overwrites it (here, not
-                            # after the softmax: left to itself the compiler sank it here for
-                            # bf16 but not for fp16, two loop shapes for one source; this
-                            # placement measured 1% faster at d = 128 in both dtypes)
-                            tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                            # S_j, while O takes j-1's rescale
-                            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
-                            rescale(acc_o, correction)
-                            self.loader.consumer_wait(pipe_v, release)
-                            self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
-                            if cutlass.const_expr(cfg.pingpong):
-                                self._turn(pass_on=True)
-                            warpgroup.wait_group(1)  # S_j is in; P V may still run
-                            self.loader.consumer_release(pipe_k, read)  # K_j is read
-                            self._release_q_after(j, n_blocks, q_empty + q_stage)
-                            apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k)
-                            online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
-                            if cutlass.const_expr(cfg.pv_wait == "early"):
-                                # written after the softmax, as FlashAttention-3 writes it;
-                                # ptxas hoists it to the softmax's start (PV_WAIT), so P V is
-                                # done before the softmax runs. Written before the softmax
-                                # instead, the SASS differs: 2-4% slower at d = 128 (geomean)
-                                warpgroup.wait_group(0)
-                                self.loader.consumer_release(pipe_v, release)  # V_{j-1}
-                                release.advance()
-                            read.advance()
-                        if cutlass.const_expr(cfg.pv_wait == "late"):
-                            warpgroup.wait_group(0)  # the loop's last P V
-                            if n_blocks > 1:
-                                self.loader.consumer_release(pipe_v, release)
-                                release.advance()
-                        tOrP_as_s.store(acc_s.load().to(mO.element_type))
-                        rescale(acc_o, correction)
-                        self.loader.consumer_wait(pipe_v, release)
-                        self._zero_v_tail(sV, release.index,
-                                          seqlen_k - (n_blocks - 1) * cfg.block_n)
-                        self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
-                        warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_v, release)
-                if n_blocks == 0:  # no Q K^T read Q: free it for the next tile's all the same
-                    cute.arch.mbarrier_arrive(q_empty + q_stage)
-                epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q,
-                         scale_log2)
-                done += n_blocks
+                    self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags,
+                                       sV, mO, mLSE, prob, scale_log2, m_block, head, batch,
+                                       split, seqlen_k, lo, hi, local, done)
+                done += hi - lo
                 local += 1
+
+    @cute.jit
+    def _pass_tile(self, pipe_k, pipe_v, q_full, q_empty, local, done, lo, hi):
+        """A warpgroup with no rows in this tile: it takes and frees every stage of the tile
+        and its Q buffer as the busy one does (the rings count both warpgroups' releases),
+        issuing no GEMM. Q is waited for first: its buffer's empty barrier must not count
+        this tile's arrival before the previous tile's."""
+        q_stage, q_phase = self._q_slot(local)
+        cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
+        cute.arch.mbarrier_arrive(q_empty + q_stage)
+        read = self._ring(done)
+        for _ in cutlass.range(lo, hi, unroll=1):
+            self.loader.consumer_wait(pipe_k, read)
+            self.loader.consumer_release(pipe_k, read)
+            self.loader.consumer_wait(pipe_v, read)
+            self.loader.consumer_release(pipe_v, read)
+            read.advance()
+
+    @cute.jit
+    def _consume_tile(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags, sV, mO,
+                      mLSE, prob, scale_log2, m_block, head, batch, split, seqlen_k, lo, hi,
+                      local, done):
+        """One tile of a consumer warpgroup: S, softmax and P V over key blocks lo .. hi - 1
+        in the configuration's schedule, then the epilogue (split_kv: into the split's
+        partial, batch index split x b + batch)."""
+        cfg = self.cfg
+        dtype = sV.element_type
+        tSrQ, tSrK, tOrV = frags.tSrQ, frags.tSrK, frags.tOrV
+        col_in_tile = frags.col_in_tile
+        p_steps = cfg.block_n // 16
+        row0 = m_block * cfg.block_m + frags.row_in_block
+        read = self._ring(done)
+        # the register tensors are made per tile: nothing in them lives from one tile to the
+        # next, so they need not be values carried around the tile loop (this alone did not
+        # lift the C7512 of bf16, d = 128; the loop's form did, see _my_item_count)
+        acc_o = cute.make_rmem_tensor(frags.o_shape, cutlass.Float32)
+        acc_o.fill(0.0)
+        row_max = cute.make_rmem_tensor((2,), cutlass.Float32)  # rows r and r + 8
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
+        row_sum.fill(0.0)
+        acc_s = cute.make_rmem_tensor(frags.s_shape, cutlass.Float32)
+        correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale
+        # P, converted element by element, is the A operand of P V (see the docstring)
+        tOrP = cute.make_rmem_tensor(cute.make_layout(
+            ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), dtype)
+        tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+        q_stage, q_phase = self._q_slot(local)
+        cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
+        if cutlass.const_expr(cfg.load == "cp_async" or cfg.pack_gqa):
+            cute.arch.fence_view_async_shared()  # Q came through the generic proxy
+
+        if cutlass.const_expr(not cfg.overlap):
+            for j in cutlass.range(lo, hi, unroll=1):
+                self.loader.consumer_wait(pipe_k, read)
+                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_k, read)
+                self._release_q_after(j, hi, q_empty + q_stage)
+                apply_mask(cfg, acc_s, j, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                           prob.group)
+                online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                rescale(acc_o, correction)
+                tOrP_as_s.store(acc_s.load().to(dtype))
+                self.loader.consumer_wait(pipe_v, read)
+                if j == hi - 1:
+                    self._zero_v_tail(sV, read.index, seqlen_k - j * cfg.block_n)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_v, read)
+                read.advance()
+        else:
+            if hi > lo:
+                # V_{j-1} (this iteration's P V) is waited for and released one iteration
+                # behind K_j
+                release = read.clone()
+                # block lo: S_lo and its softmax; its P V is issued with S_{lo+1}
+                self.loader.consumer_wait(pipe_k, read)
+                if cutlass.const_expr(cfg.pingpong):
+                    self._turn(pass_on=False)
+                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                if cutlass.const_expr(cfg.pingpong):
+                    self._turn(pass_on=True)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_k, read)
+                self._release_q_after(lo, hi, q_empty + q_stage)
+                apply_mask(cfg, acc_s, lo, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                           prob.group)
+                online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                read.advance()
+                for j in cutlass.range(lo + 1, hi, unroll=1):
+                    self.loader.consumer_wait(pipe_k, read)
+                    if cutlass.const_expr(cfg.pv_wait == "late"):
+                        # P_{j-2} V_{j-2}, issued in the last iteration, done (nothing is in
+                        # flight at j = lo + 1): waited for here, behind the loop's back
+                        # edge, which ptxas does not hoist a wait across (PV_WAIT)
+                        warpgroup.wait_group(0)
+                        if j > lo + 1:
+                            self.loader.consumer_release(pipe_v, release)  # V_{j-2}
+                            release.advance()
+                    if cutlass.const_expr(cfg.pingpong):
+                        self._turn(pass_on=False)
+                    # P_{j-1} from S_{j-1}, just before S_j overwrites it (here, not after the
+                    # softmax: left to itself the compiler sank it here for bf16 but not for
+                    # fp16, two loop shapes for one source; this placement measured 1% faster
+                    # at d = 128 in both dtypes)
+                    tOrP_as_s.store(acc_s.load().to(dtype))
+                    # S_j, while O takes j-1's rescale
+                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
+                    rescale(acc_o, correction)
+                    self.loader.consumer_wait(pipe_v, release)
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
+                    if cutlass.const_expr(cfg.pingpong):
+                        self._turn(pass_on=True)
+                    warpgroup.wait_group(1)  # S_j is in; P V may still run
+                    self.loader.consumer_release(pipe_k, read)  # K_j is read
+                    self._release_q_after(j, hi, q_empty + q_stage)
+                    apply_mask(cfg, acc_s, j, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                               prob.group)
+                    online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
+                    if cutlass.const_expr(cfg.pv_wait == "early"):
+                        # written after the softmax, as FlashAttention-3 writes it; ptxas
+                        # hoists it to the softmax's start (PV_WAIT), so P V is done before
+                        # the softmax runs. Written before the softmax instead, the SASS
+                        # differs: 2-4% slower at d = 128 (geomean)
+                        warpgroup.wait_group(0)
+                        self.loader.consumer_release(pipe_v, release)  # V_{j-1}
+                        release.advance()
+                    read.advance()
+                if cutlass.const_expr(cfg.pv_wait == "late"):
+                    warpgroup.wait_group(0)  # the loop's last P V
+                    if hi - lo > 1:
+                        self.loader.consumer_release(pipe_v, release)
+                        release.advance()
+                tOrP_as_s.store(acc_s.load().to(dtype))
+                rescale(acc_o, correction)
+                self.loader.consumer_wait(pipe_v, release)
+                self._zero_v_tail(sV, release.index, seqlen_k - (hi - 1) * cfg.block_n)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_v, release)
+        if hi == lo:  # no Q K^T read Q: free it for the next tile's all the same
+            cute.arch.mbarrier_arrive(q_empty + q_stage)
+        out_batch = batch
+        if cutlass.const_expr(cfg.split_kv):
+            out_batch = batch + split * prob.batches
+        epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, out_batch, row0, prob.rows,
+                 scale_log2)
 
     @cute.jit
     def _zero_v_tail(self, sV, stage, keys):
@@ -723,12 +863,12 @@ class FlashAttentionSm90:
         return local % self.cfg.q_stages, (local // self.cfg.q_stages) % 2
 
     @cute.jit
-    def _release_q_after(self, j, n_blocks, q_empty):
-        """Once the tile's last Q K^T (block j = n_blocks - 1) has completed, Q is read: arrive
+    def _release_q_after(self, j, hi, q_empty):
+        """Once the tile's last Q K^T (block j = hi - 1) has completed, Q is read: arrive
         on q empty there, not after the tile, so the next tile's Q loads under this tile's
         last softmax, P V and epilogue (a TMA load's latency, about a microsecond, is
         otherwise exposed at every tile start: 4 key blocks per tile at s = 512)."""
-        if j == n_blocks - 1:
+        if j == hi - 1:
             cute.arch.mbarrier_arrive(q_empty)
 
     @cute.jit

@@ -9,7 +9,7 @@ cutlass, cute = dsl.cutlass()
 
 
 @cute.jit
-def apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k):
+def apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k, group=1):
     """-inf where a key of block ``j`` lies past s_k, or (causal) past the query's diagonal.
     ``row0``: this thread's first row (its second is row0 + 8); ``col_in_tile``: its first
     column inside a block (the WGMMA accumulator layout: value i sits in column

@@ -20,13 +20,17 @@ def paired(cfg) -> bool:
 
 
 @cute.jit
-def work_items(cfg, seqlen_q, heads, batch):
+def work_items(cfg, seqlen_q, heads, batch, splits=1):
     """How many work items the CTAs share (``worker``): every (query block, head, batch)
-    tile, or (``paired``) every pair of them."""
+    tile, or (``paired``) every pair of them; ``split_kv``: each of them ``splits`` times,
+    one per range of key blocks."""
     m_blocks = cute.ceil_div(seqlen_q, cfg.block_m)
     if cutlass.const_expr(paired(cfg)):
         m_blocks = (m_blocks + 1) // 2
-    return m_blocks * heads * batch
+    items = m_blocks * heads * batch
+    if cutlass.const_expr(cfg.split_kv):
+        items = items * splits
+    return items
 
 
 @cute.jit
@@ -59,8 +63,9 @@ def item_tiles(cfg, item, seqlen_q):
 
 
 @cute.jit
-def tile_coords(cfg, item, half, seqlen_q, heads):
-    """Tile ``half`` (0 or 1) of work item ``item`` as (m_block, head, batch).
+def tile_coords(cfg, item, half, seqlen_q, heads, batch=1):
+    """Tile ``half`` (0 or 1) of work item ``item`` as (m_block, head, batch, split): split
+    0 unless ``split_kv``, whose splits are the outermost index (``batch`` sequences each).
 
     Query blocks are numbered fastest, so the CTAs in flight share one head's K/V in L2.
     Not causal: an item is one tile. Causal, one CTA per tile: a head's query blocks from
@@ -80,15 +85,34 @@ def tile_coords(cfg, item, half, seqlen_q, heads):
         head_batch = item // pairs
     elif cutlass.const_expr(cfg.causal):
         m_block = m_blocks - 1 - m_block
-    return m_block, head_batch % heads, head_batch // heads
+    if cutlass.const_expr(cfg.split_kv):
+        sequence = head_batch // heads
+        return m_block, head_batch % heads, sequence % batch, sequence // batch
+    return m_block, head_batch % heads, head_batch // heads, 0
 
 
 @cute.jit
-def key_blocks(cfg, m_block, seqlen_q, seqlen_k):
+def key_blocks(cfg, m_block, seqlen_q, seqlen_k, group=1):
     """Key blocks this query block needs: all, or (causal, bottom-right aligned) up to the
-    diagonal of its last row: key j is visible to query i iff j <= i + s_k - s_q."""
+    diagonal of its last row: key j is visible to query i iff j <= i + s_k - s_q.
+    ``pack_gqa``: row r is query r // ``group`` (``seqlen_q`` counts queries, not rows)."""
     n = cute.ceil_div(seqlen_k, cfg.block_n)
     if cutlass.const_expr(cfg.causal):
-        last_key = (m_block + 1) * cfg.block_m - 1 + seqlen_k - seqlen_q
+        last_query = (m_block + 1) * cfg.block_m - 1
+        if cutlass.const_expr(cfg.pack_gqa):
+            last_query = last_query // group
+        last_key = last_query + seqlen_k - seqlen_q
         n = cutlass.min(n, cute.ceil_div(cutlass.max(last_key + 1, 0), cfg.block_n))
     return n
+
+
+@cute.jit
+def block_range(cfg, n_blocks, split, splits):
+    """The key blocks [lo, hi) of split ``split`` of a tile with ``n_blocks`` (``split_kv``:
+    ``splits`` ranges of ceil(n / splits) blocks, the last ones shorter or empty; else
+    [0, n), lo a constant)."""
+    if cutlass.const_expr(cfg.split_kv):
+        per = cute.ceil_div(n_blocks, splits)
+        lo = cutlass.min(split * per, n_blocks)
+        return lo, cutlass.min(lo + per, n_blocks)
+    return 0, n_blocks
