@@ -181,11 +181,11 @@ def test_decode_rules_pack_and_split_from_shapes():
 @pytest.mark.parametrize("bounds", [(0, 5, 40, 97), (0, 0, 50, 97, 97), (0, 97)])
 def test_combine_splits_is_attention_over_all_the_keys(bounds):
     """Splits of the keys, each attended on its own (empty ones included: lse -inf, out 0),
-    merged by ``combine_splits``: the attention over all the keys."""
+    merged by ``combine_splits_ref`` (the split-KV merge's fp32 statement): the attention
+    over all the keys."""
     import torch
 
-    from cutetma.kvcache import combine_splits
-    from cutetma.reference import attention_ref
+    from cutetma.reference import attention_ref, combine_splits_ref
 
     torch.manual_seed(0)
     b, s_q, h, h_kv, d = 2, 3, 4, 2, 64
@@ -195,11 +195,20 @@ def test_combine_splits_is_attention_over_all_the_keys(bounds):
     o_parts = torch.cat([o for o, _ in parts])  # split s of sequence i at s b + i
     lse_parts = torch.cat([lse for _, lse in parts])
     out, lse = torch.empty(b, s_q, h, d), torch.empty(b, h, s_q)
-    combine_splits(o_parts, lse_parts, len(parts), out, lse)
+    combine_splits_ref(o_parts, lse_parts, len(parts), out, lse)
     want_out, want_lse = attention_ref(q, k, v)
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
     # no keys at all: out 0, lse -inf, no NaN
     empty = attention_ref(q, k[:, :0], v[:, :0])
-    combine_splits(torch.cat([empty[0]] * 2), torch.cat([empty[1]] * 2), 2, out, lse)
+    combine_splits_ref(torch.cat([empty[0]] * 2), torch.cat([empty[1]] * 2), 2, out, lse)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_split_combine_compiles_to_vector_loads():
+    """The merge kernel: one warp per row, the partials read as whole 16-byte vectors at
+    d = 128 and 256 (8 bytes at 64), the output stored once per lane."""
+    for d, load in ((64, "ld.global.v2.b32"), (128, "ld.global.v4.b32"),
+                    (256, "ld.global.v4.b32")):
+        ptx = build.compile_split_combine(d, "BFloat16").ptx
+        assert ptx.count(load) >= 2 and "shfl.sync.idx.b32" in ptx

@@ -21,8 +21,9 @@ the cp.async producer looks every 16-byte vector's row up in the page table.
 ``load="auto"`` picks the producer by ``tuning.attention.paged_load``. With few queries per
 sequence (decode) the query heads of one K/V head share a tile (``pack_gqa``), and when
 (sequence, K/V head) tiles are fewer than SMs each tile's keys are split
-(``num_splits``): the splits write fp32 partial outputs and LSEs, which ``combine_splits``
-merges, weighted by their LSEs (FlashAttention's split-KV decode).
+(``num_splits``): the splits write fp32 partial outputs and LSEs, which a second small
+kernel (``kernels.attention.combine``) merges, weighted by their LSEs (FlashAttention's
+split-KV decode).
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class _PagedPlan:
 
     launch: object = None  # None: nothing to compute
     scalars: tuple = ()
-    splits: int = 1  # > 1: the kernel writes fp32 partials, combine_splits merges them
+    splits: int = 1  # > 1: the kernel writes fp32 partials, ``combine`` merges them
+    combine: object = None
+    combine_scalars: tuple = ()  # batch, s_q, heads, splits, out's (seq, head, batch) strides
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table):
         out, lse = attention_outputs(q, empty=self.launch is None)
@@ -115,27 +118,10 @@ class _PagedPlan:
                      lse_into.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
                     + self.scalars + (_current_stream(q.device),))
         if self.splits > 1:
-            combine_splits(o_into, lse_into, self.splits, out, lse)
+            self.combine((o_into.data_ptr(), lse_into.data_ptr(), out.data_ptr(),
+                          lse.data_ptr()) + self.combine_scalars
+                         + (_current_stream(q.device),))
         return out, lse
-
-
-def combine_splits(o_parts: torch.Tensor, lse_parts: torch.Tensor, splits: int,
-                   out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Merge split_kv's partials: ``o_parts`` (splits b, s_q, h, d) and ``lse_parts``
-    (splits b, h, s_q) fp32, each split's softmax over its own keys, into ``out`` (b, s_q,
-    h, d) and ``lse`` (b, h, s_q): out = sum_s e^(lse_s - lse) o_s, lse = log sum_s
-    e^(lse_s). A split without keys has lse -inf and weight 0; a row without any, out 0
-    and lse -inf."""
-    b, s_q, h, d = out.shape
-    parts = lse_parts.view(splits, b, h, s_q)
-    top = parts.amax(0)
-    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # every split empty
-    weights = torch.exp(parts - top)
-    total = weights.sum(0)
-    torch.add(top, torch.log(total), out=lse)
-    weights = (weights / total.clamp_min(torch.finfo(torch.float32).tiny)).transpose(2, 3)
-    merged = (o_parts.view(splits, b, s_q, h, d) * weights[..., None]).sum(0)
-    out.copy_(merged)
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -148,6 +134,7 @@ def _aligned(x: torch.Tensor) -> bool:
 def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
           num_splits):
     from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.attention.config import SPLIT_KV_UNSUPPORTED
     from cutetma.tuning import attention as attention_tuning
 
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
@@ -206,6 +193,8 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     key_blocks = -(-page_table.shape[1] * page_size // shape.block_n)
     sms = runtime.sm_count(q.device.index)
     splits = num_splits or attention_tuning.paged_splits(tiles, key_blocks, sms)
+    if num_splits is None and (d, load, causal) in SPLIT_KV_UNSUPPORTED:
+        splits = 1
     config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
                              pack_gqa=pack, split_kv=splits > 1)
     plan = _PagedPlan(splits=splits)
@@ -223,6 +212,10 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     plan.scalars = (b, s_q, h, h_kv, d, pages, page_table.shape[1], *strides, scale, sms,
                     splits)
     plan.launch = runtime.paged_attention_launch(q.dtype, config)
+    if splits > 1:
+        out_strides = torch.empty_like(q, device="meta").stride()
+        plan.combine = runtime.combine_launch(q.dtype, d)
+        plan.combine_scalars = (b, s_q, h, splits, *(out_strides[i] for i in (1, 2, 0)))
     return plan
 
 

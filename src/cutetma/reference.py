@@ -53,3 +53,23 @@ def paged_attention_ref(q, k_cache, v_cache, cache_seqlens, page_table, causal: 
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
+
+
+def combine_splits_ref(o_parts, lse_parts, splits: int, out, lse) -> None:
+    """fp32 merge of split_kv's partials (what ``kernels.attention.combine`` computes):
+    ``o_parts`` (splits b, s_q, h, d) and ``lse_parts`` (splits b, h, s_q) fp32, each
+    split's softmax over its own keys, into ``out`` (b, s_q, h, d) and ``lse`` (b, h, s_q):
+    out = sum_s e^(lse_s - lse) o_s, lse = log sum_s e^(lse_s). A split without keys has
+    lse -inf and weight 0; a row without any, out 0 and lse -inf."""
+    import torch
+
+    b, s_q, h, d = out.shape
+    parts = lse_parts.view(splits, b, h, s_q)
+    top = parts.amax(0)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # every split empty
+    weights = torch.exp(parts - top)
+    total = weights.sum(0)
+    torch.add(top, torch.log(total), out=lse)
+    weights = (weights / total.clamp_min(torch.finfo(torch.float32).tiny)).transpose(2, 3)
+    merged = (o_parts.view(splits, b, s_q, h, d) * weights[..., None]).sum(0)
+    out.copy_(merged)

@@ -291,3 +291,21 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
                            tensor(cfg.page_size), out, lse, table, lengths,
                            cutlass.Float32(0.125), cutlass.Int32(132), cutlass.Int32(1),
                            make_fake_stream())
+
+
+def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):
+    """split_kv's merge (``SplitCombine.from_pointers``) for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.attention.combine import SplitCombine
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    def pointer(dtype, align):
+        return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    return dsl.compile_ptx(SplitCombine(head_dim).from_pointers,
+                           pointer(cutlass.Float32, 16), pointer(cutlass.Float32, 4),
+                           pointer(getattr(cutlass, dtype_name), 16),
+                           pointer(cutlass.Float32, 4), *(cutlass.Int32(1),) * 4,
+                           *(cutlass.Int64(8),) * 3, make_fake_stream())

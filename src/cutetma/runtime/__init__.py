@@ -17,6 +17,7 @@ _NAMES = {
     "AttentionLaunch": "launch", "GemmLaunch": "launch", "PointerLaunch": "launch",
     "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
     "paged_attention_launch": "launch",
+    "combine_launch": "launch",
     "split_workspace": "workspace",
 }
 __all__ = sorted(_NAMES)

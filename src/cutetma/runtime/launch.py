@@ -119,6 +119,14 @@ class PagedAttentionLaunch(PointerLaunch):
              + (ctypes.c_float, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p))
 
 
+class CombineLaunch(PointerLaunch):
+    """``SplitCombine.from_pointers``: O and LSE partials, O, LSE; batch, s_q, heads,
+    splits; O's (seq, head, batch) strides; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 4 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))
+
+
 def typed_pointer(dtype: torch.dtype, align: int = 16):
     """A global-memory pointer of ``dtype``'s DSL type for compiling a ``from_pointers``
     entry: only its type (and alignment) matters to the compiler, not its address."""
@@ -211,3 +219,30 @@ def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:
              "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("paged_attention", dtype, cfg), build)
+
+
+def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
+    """The ``CombineLaunch`` merging split_kv's partials into a ``dtype`` output of this
+    head dim, compiled on its first use."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.attention.combine import SplitCombine
+
+            return cute.compile(SplitCombine(head_dim).from_pointers, *args)
+
+        args = (typed_pointer(torch.float32), typed_pointer(torch.float32, 4),
+                typed_pointer(dtype), typed_pointer(torch.float32, 4), *(1,) * 7,
+                make_fake_stream())
+        return CombineLaunch(cache.load_or_compile(
+            {"entry": "SplitCombine.from_pointers", "config": f"head_dim={head_dim}",
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("split_combine", dtype, head_dim), build)

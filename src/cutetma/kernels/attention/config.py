@@ -27,6 +27,9 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
 REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
                    ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 SCHEDULES = ("serial", "overlap", "pingpong")
+# (head_dim, load, causal) where split_kv is refused: the DSL (4.8.1) crashes compiling it
+# (a segmentation fault in its backend); decode there runs unsplit
+SPLIT_KV_UNSUPPORTED = {(256, "cp_async", True)}
 # (block_m, block_n) per (head_dim, causal): 128 query rows (two consumer warpgroups) at every
 # head dim; d = 256 with FlashAttention-3's 80-key stages (Q 64 KiB + 2 x (K + V) 160 KiB of
 # shared memory). block_m=192 (three consumer warpgroups, d = 64 only) measured slower.
@@ -150,6 +153,10 @@ class AttentionConfig:
         if (self.pack_gqa or self.split_kv) and not self.paged:
             raise ValueError("pack_gqa and split_kv are options of the paged kernel "
                              "(page_size > 0)")
+        if self.split_kv and (self.head_dim, self.load, self.causal) in SPLIT_KV_UNSUPPORTED:
+            raise ValueError(f"split_kv with head_dim={self.head_dim}, load={self.load!r}, "
+                             f"causal={self.causal}: not available (the DSL's compiler "
+                             "crashes on it); use load='tma' or num_splits=1")
         if self.pack_gqa and self.pingpong:
             raise ValueError("pack_gqa with schedule='pingpong': a warpgroup with no rows "
                              "skips its GEMMs and cannot take turns; use 'overlap'")
