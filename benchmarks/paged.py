@@ -9,6 +9,8 @@ Prefill: b = 4, s_q = s_k = 4096, h = 32 query / 8 key-value heads, d = 128, cau
 page sizes 16 .. 256; FLOPs = 4 b h s^2 d, halved for causal; TFLOP/s. Decode: s_q = 1,
 h 32 / 8, d = 128, random page tables; the K/V bytes a call must read over its time, TB/s,
 beside ``ceiling_tbps``, the read bandwidth a plain torch reduction reaches in the same run.
+Chunked prefill: b = 4, 512 new queries over an 8k cache, causal, pages 16 / 64 / 128; FLOPs
+4 h d per (query, visible key); TFLOP/s.
 Columns: ``tma`` and ``cp_async`` (``cutetma.attention_with_kvcache`` with the producer
 forced), ``auto`` (decode: its own choice of producer, packing and splits), ``fa4``
 (``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when the page is its key
@@ -32,6 +34,8 @@ from gemm import bench, progress  # noqa: E402
 PAGES = (16, 32, 64, 128, 256)
 PREFILL = dict(b=4, s=4096, h=32, h_kv=8, d=128)
 # (b, context, page size): FlashAttention-4's decode anchors (../shared/notes/peers-h200.md)
+# chunked prefill: s_q new tokens over a longer cache, causal (b, s_q, context)
+CHUNKED = (4, 512, 8192)
 DECODE = ((64, 4096, 128), (16, 16384, 128), (64, 4096, 16),
           # and the issue's corners: one long sequence (split-KV), many short ones
           (1, 65536, 128), (1, 16384, 64), (4, 4096, 64), (256, 1024, 64))
@@ -152,6 +156,41 @@ def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:
     return row
 
 
+def chunked_row(dtype: str, page_size: int, rounds: int) -> dict:
+    """s_q new queries of each sequence against its whole cache (theirs at its end), causal:
+    query i sees context - s_q + i + 1 keys; FLOPs 4 h d per (query, visible key)."""
+    import torch
+
+    import cutetma
+
+    t = getattr(torch, dtype)
+    b, s_q, context = CHUNKED
+    h, h_kv, d = PREFILL["h"], PREFILL["h_kv"], PREFILL["d"]
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
+    k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
+    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
+    lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
+    row = {"phase": "chunked", "dtype": dtype, "causal": True, "page_size": page_size, "b": b,
+           "s": context, "ctx": context, "s_q": s_q, "h": h, "h_kv": h_kv, "d": d,
+           "unit": "TFLOP/s"}
+    columns = {
+        load: (lambda load=load: cutetma.attention_with_kvcache(
+            q, k_cache, v_cache, lens, table, causal=True, load=load))
+        for load in ("tma", "cp_async", "auto")}
+    columns["dense"] = lambda: cutetma.attention(q, k, v, causal=True)
+    peer, why = fa4()
+    if peer is not None:
+        columns["fa4"] = lambda: peer.flash_attn_varlen_func(
+            q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=True)[0]
+    else:
+        row["fa4_error"] = why
+    want = cutetma.attention(q, k, v, causal=True)
+    keys = s_q * (context - s_q) + s_q * (s_q + 1) // 2
+    time_columns(checked(columns, want, row), row, 4 * b * h * d * keys / 1e9, rounds)
+    return row
+
+
 def decode_row(dtype: str, b: int, context: int, page_size: int, rounds: int) -> dict:
     import torch
 
@@ -193,7 +232,7 @@ def summarize(rows) -> dict:
         return math.exp(sum(math.log(a / b) for a, b in pairs) / len(pairs)) if pairs else None
 
     out = {}
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "chunked", "decode"):
         mine = [r for r in rows if r["phase"] == phase]
         for other in ("cp_async", "fa4"):
             pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
@@ -254,20 +293,24 @@ def main(argv=None):
                         "one round")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
-    parser.add_argument("--phases", nargs="+", default=["prefill", "decode"],
-                        choices=["prefill", "decode"])
+    parser.add_argument("--phases", nargs="+", default=["prefill", "chunked", "decode"],
+                        choices=["prefill", "chunked", "decode"])
     args = parser.parse_args(argv)
     dtypes = ["bfloat16"] if args.quick else args.dtypes
     pages = (16, 64, 128) if args.quick else PAGES
     rounds = 1 if args.quick else ROUNDS
     cells = [("prefill", dtype, causal, page) for dtype in dtypes for causal in (False, True)
              for page in pages] if "prefill" in args.phases else []
+    if "chunked" in args.phases:
+        cells += [("chunked", dtype, page) for dtype in dtypes[:1] for page in (16, 64, 128)]
     if "decode" in args.phases:
         cells += [("decode", dtype, *cell) for dtype in dtypes[:1] for cell in DECODE]
     rows = []
     for cell in progress(cells, len(cells)):
         if cell[0] == "prefill":
             rows.append(prefill_row(*cell[1:], rounds))
+        elif cell[0] == "chunked":
+            rows.append(chunked_row(*cell[1:], rounds))
         else:
             rows.append(decode_row(*cell[1:], rounds))
         print(json.dumps(rows[-1]), flush=True)
