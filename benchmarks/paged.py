@@ -268,7 +268,7 @@ def plot(rows, path: Path):
                      "(gray: dense)", fontsize=9)
         ax.legend(fontsize=7)
     dec = [r for r in rows if r["phase"] == "decode"]
-    labels = [f"b{r['b']} {r['s'] // 1024}k p{r['page_size']}\n{r['dtype'][:4]}" for r in dec]
+    labels = [f"b{r['b']}\n{r['s'] // 1024}k\np{r['page_size']}" for r in dec]
     for i, key in enumerate(styles):
         ax = axes[2]
         ax.bar([j + 0.27 * (i - 1) for j in range(len(dec))], [r.get(key) or 0 for r in dec],
@@ -280,7 +280,7 @@ def plot(rows, path: Path):
     axes[2].set_xticks(range(len(dec)), labels, fontsize=7)
     axes[2].set_ylabel("K/V TB/s")
     axes[2].set_title("decode, s_q 1, h32/8 d128", fontsize=9)
-    axes[2].legend(fontsize=7)
+    axes[2].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
