@@ -27,9 +27,17 @@ the TMA brings whatever they hold; the consumers zero those rows of V before P V
 is NaN). The producer warp keeps 32 boxes' page ids in its lanes and passes them by shuffle.
 
 **cp.async: the row is looked up.** Each of 128 producer threads copies 16 bytes per
-instruction into the same swizzled stage; for each of its 16 keys it reads the page table,
-all 16 reads issued before the first copy (a cp.async is a memory barrier to the compiler:
-a lookup after one waits for it).
+instruction into the same swizzled stage, reading each vector's page from the page table
+just before its copy (issuing all of a thread's lookups first measured slower).
+
+**Decode: pack the query heads, split the keys.** With one query per sequence a tile of one
+head is one useful row in 128, and every query head of a K/V head reads the same keys. The
+decode kernel packs a K/V head's query heads into one tile (rows ``(group, s_q)``, Q gathered
+row by row, an empty warpgroup passing its stages without GEMMs) and, when the (sequence,
+K/V head) tiles are fewer than the SMs, cuts each tile's keys into splits whose fp32 partial
+outputs a second small kernel merges by their log-sum-exps. Both are decided from shapes
+(``tuning.attention.paged_pack_gqa``, ``paged_splits``), so a CUDA graph can capture the
+call.
 """
 
 from __future__ import annotations
@@ -86,8 +94,21 @@ def compiled_boxes() -> dict:
     return counts
 
 
+def decode_choices() -> None:
+    heading("3. Decode: packing and splits, decided from the shapes (h 32 / 8, d 128)")
+    from cutetma.tuning.attention import paged_pack_gqa, paged_splits
+
+    for b, context in ((64, 4096), (16, 16384), (4, 4096), (1, 65536)):
+        pack = paged_pack_gqa(1, 4)
+        tiles = b * (8 if pack else 32)  # one 128-row tile per (sequence, K/V head)
+        splits = paged_splits(tiles, context // 128, 132)
+        print(f"b {b:3d}, {context:6d} keys: pack {pack}, {tiles:4d} tiles, "
+              f"{splits:2d} split{'s' if splits > 1 else ''} of "
+              f"{context // 128 // splits} key blocks")
+
+
 def measured() -> str:
-    heading("3. Measured on the H200 (benchmarks/results/paged.json)")
+    heading("4. Measured on the H200 (benchmarks/results/paged.json)")
     path = ROOT / "benchmarks" / "results" / "paged.json"
     if not path.exists():
         print("no paged.json yet: run benchmarks/paged.py on a Hopper GPU")
@@ -99,9 +120,16 @@ def measured() -> str:
                               if r.get(k))
             print(f"prefill {'causal' if r['causal'] else 'full  '} page {r['page_size']:3d}: "
                   f"{cells} TFLOP/s")
+        elif r["phase"] == "chunked":
+            cells = "  ".join(f"{k} {r[k]:.0f}" for k in ("tma", "cp_async", "fa4", "dense")
+                              if r.get(k))
+            print(f"chunked {r['s_q']} over {r['ctx']} page {r['page_size']:3d}: {cells} "
+                  "TFLOP/s")
         elif r["phase"] == "decode":
             cells = "  ".join(f"{k} {r[k]:.2f}" for k in ("tma", "cp_async", "fa4") if r.get(k))
-            print(f"decode b{r['b']} ctx {r['s']} page {r['page_size']}: {cells} TB/s")
+            ceiling = f" (read ceiling {r['ceiling_tbps']:.2f})" if r.get("ceiling_tbps") else ""
+            print(f"decode b{r['b']} ctx {r['s']} page {r['page_size']}: {cells} TB/s"
+                  f"{ceiling}")
     s = data["meta"]["summary"]
     ratio = s.get("prefill_tma_over_cp_async")
     return f"On the H200, TMA-paged prefill runs {ratio:.2f}x its cp.async twin (geomean)." \
@@ -109,7 +137,7 @@ def measured() -> str:
 
 
 def on_gpu() -> str:
-    heading("4. On this GPU: a shuffled pool, both producers, the fp32 reference")
+    heading("5. On this GPU: a shuffled pool, both producers, the fp32 reference")
     reason = gpu_unavailable()
     if reason:
         print(f"skipped: {reason}")
@@ -143,6 +171,7 @@ def main() -> int:
     print("11 - paged KV: TMA boxes per page against a cp.async gather")
     table = boxes_per_page_size()
     counts = compiled_boxes()
+    decode_choices()
     result = measured()
     here = on_gpu()
     heading("Takeaway:")
