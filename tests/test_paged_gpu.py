@@ -285,3 +285,85 @@ def test_split_combine_matches_the_fp32_merge(head_dim, splits):
     torch.testing.assert_close(out.float(), want_out, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
     assert out[2, 0, 0].float().abs().max() == 0 and lse[2, 0, 0] == float("-inf")
+
+
+def check_varlen(lens_q, lens_k, page_size, h, h_kv, d, causal, load, num_splits=None):
+    """Varlen queries (q (total_q, h, d), cu_seqlens_q) against each sequence's fp32
+    reference, flash-attention's rule as ``check``."""
+    import torch
+    from test_attention_gpu import _same_dtype
+
+    import cutetma
+    from cutetma.reference import attention_ref
+
+    b = len(lens_q)
+    k_cache, v_cache, table, lens = make_cache(b, lens_k, page_size, h_kv, d, torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    q = torch.randn(int(cu[-1]), h, d, device="cuda", dtype=torch.bfloat16)
+    out, lse = cutetma.attention_with_kvcache(q, k_cache, v_cache, lens, table, causal=causal,
+                                              return_lse=True, load=load,
+                                              num_splits=num_splits, cu_seqlens_q=cu,
+                                              max_seqlen_q=max(lens_q))
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and lse.shape == (h, q.shape[0])
+    assert not out.isnan().any(), "NaN in the output"
+    for i in range(b):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        if rows.start == rows.stop:
+            continue
+        k, v = gathered(k_cache, v_cache, table, lens, i)
+        ref, ref_lse = attention_ref(q[rows][None], k, v, causal)
+        bound = 0.0
+        if k.shape[1]:
+            same = _same_dtype(q[rows][None], k, v, causal).float()
+            bound = (2 * (same - ref).abs().max().item()
+                     + (ref.bfloat16().float() - ref).abs().max().item() + 1e-5)
+        err = (out[rows][None].float() - ref).abs().max().item()
+        assert err <= bound, f"sequence {i}: error {err:.3g} > {bound:.3g}"
+        finite = ref_lse[0].isfinite()
+        assert (lse[:, rows].isfinite() == finite).all()
+        if finite.any():
+            assert (lse[:, rows][finite] - ref_lse[0][finite]).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("load,page_size", [("tma", 64), ("cp_async", 17)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_chunked_prefill(load, page_size, causal):
+    """Ragged new tokens per sequence (none, one, a few hundred: not packed) over ragged
+    caches, GQA 8 / 2."""
+    check_varlen([77, 0, 1, 300], [500, 40, 1, 1000], page_size, 8, 2, 128, causal, load)
+
+
+@pytest.mark.parametrize("load,page_size", [("tma", 16), ("cp_async", 17)])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_decode_packed_and_split(load, page_size, num_splits, causal):
+    """Ragged decode steps (1-5 new tokens: packed, split), a sequence without keys."""
+    check_varlen([1, 5, 2, 3], [2000, 0, 700, 33], page_size, 32, 8, 128, causal, load,
+                 num_splits)
+
+
+def test_varlen_cuda_graph_capture():
+    """Varlen decode captures (max_seqlen_q given: no host synchronisation)."""
+    import torch
+
+    import cutetma
+
+    k, v, table, lens = make_cache(3, [500, 300, 90], 64, 2, 128, torch.bfloat16)
+    cu = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 8, 128, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        return cutetma.attention_with_kvcache(q, k, v, lens, table, cu_seqlens_q=cu,
+                                              max_seqlen_q=2, causal=True)
+
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    lens.copy_(torch.tensor([450, 250, 80], dtype=torch.int32))
+    graph.replay()
+    want = call()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

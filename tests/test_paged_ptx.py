@@ -114,6 +114,11 @@ def test_custom_op_fake_shapes():
     out, lse = torch.ops.cutetma.attention_with_kvcache(q, cache, cache, lens, table, True,
                                                         None, "auto")
     assert out.shape == q.shape and lse.shape == (2, 8, 3) and lse.dtype == torch.float32
+    varlen = torch.empty(7, 8, 64, device="meta", dtype=torch.bfloat16)  # (total_q, h, d)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.cutetma.attention_with_kvcache(varlen, cache, cache, lens, table,
+                                                        True, None, "auto", None, cu, 4)
+    assert out.shape == varlen.shape and lse.shape == (8, 7)
 
 
 def test_pack_gqa_gathers_q_rows_and_split_kv_writes_fp32_partials():
@@ -212,3 +217,46 @@ def test_split_combine_compiles_to_vector_loads():
                     (256, "ld.global.v4.b32")):
         ptx = build.compile_split_combine(d, "BFloat16").ptx
         assert ptx.count(load) >= 2 and "shfl.sync.idx.b32" in ptx
+
+
+def test_varlen_q_gathers_q_and_keeps_the_key_loop_off_the_stack():
+    """varlen_q: Q rows gathered from each sequence's offset (no Q box), the key-block loop
+    free of local memory (ptxas spills a few tile-level scalars outside it), both
+    producers, packed or not."""
+    for kw in (dict(load="tma"), dict(load="tma", pack_gqa=True, split_kv=True, causal=True),
+               dict(load="cp_async", page_size=16, causal=True)):
+        cfg = AttentionConfig(**{"page_size": 64, **kw, "varlen_q": True})
+        ptx = build.compile_paged_attention(cfg, "BFloat16").ptx
+        per_stage = 2 * (128 // cfg.kv_box) if cfg.load == "tma" else 0
+        assert ptx.count("cp.async.bulk.tensor") == 2 * 2 * per_stage  # K, V only
+        assert "cp.async.cg.shared.global" in ptx
+        if shutil.which("ptxas") and build.find_nvdisasm():
+            assert "C7512" not in build.ptxas_log(ptx)
+            lines = build.sass(ptx).splitlines()
+            gemms = [i for i, line in enumerate(lines) if "HGMMA" in line]
+            stack = [i for i, line in enumerate(lines) if re.search(r"\b(STL|LDL)\b", line)]
+            assert not [i for i in stack if gemms[0] <= i <= gemms[-1]], kw
+    with pytest.raises(ValueError, match="paged kernel"):
+        AttentionConfig(varlen_q=True)
+
+
+def test_varlen_reference_is_the_per_sequence_reference():
+    import torch
+
+    from cutetma.reference import paged_attention_ref
+
+    torch.manual_seed(1)
+    lens_k, page = [40, 17, 1], 8  # queries per sequence: 3, 0, 5
+    pool = torch.randn(12, page, 2, 64), torch.randn(12, page, 2, 64)
+    table = torch.randperm(12).int().view(3, 4)
+    cache_seqlens = torch.tensor(lens_k, dtype=torch.int32)
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    q = torch.randn(8, 4, 64)
+    out, lse = paged_attention_ref(q, *pool, cache_seqlens, table, True, cu_seqlens_q=cu)
+    assert out.shape == (8, 4, 64) and lse.shape == (4, 8)
+    for i in (0, 2):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        want, want_lse = paged_attention_ref(
+            q[rows][None], *pool, cache_seqlens[i:i + 1], table[i:i + 1], True)
+        torch.testing.assert_close(out[rows], want[0])
+        torch.testing.assert_close(lse[:, rows], want_lse[0])

@@ -41,10 +41,17 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            cache_seqlens: torch.Tensor | int,
                            page_table: torch.Tensor | None = None, *, causal: bool = False,
                            softmax_scale: float | None = None, return_lse: bool = False,
-                           load: str = "auto", num_splits: int | None = None):
+                           load: str = "auto", num_splits: int | None = None,
+                           cu_seqlens_q: torch.Tensor | None = None,
+                           max_seqlen_q: int | None = None):
     """Attention of ``q`` over each sequence's cached keys and values (see the module).
 
-    Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32. A
+    Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32.
+    Varlen queries (as ``flash_attn_varlen_func``): ``q`` (total_q, h, d) holds every
+    sequence's new queries end to end, sequence i's at rows ``cu_seqlens_q[i] ..
+    cu_seqlens_q[i + 1] - 1`` (int32, (b + 1,)); ``max_seqlen_q`` the longest (read from
+    ``cu_seqlens_q`` when None, a host synchronisation); out (total_q, h, d), lse
+    (h, total_q). A
     sequence with no cached keys gets output 0 and lse -inf. Page ids are read only for
     keys below ``cache_seqlens`` (they must lie in [0, num_pages) there); cache slots past a
     sequence's length may hold anything, NaN included. Inside ``torch.compile`` the call is
@@ -56,8 +63,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if isinstance(cache_seqlens, int):
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+        count = q.shape[0] if cu_seqlens_q is None else len(cu_seqlens_q) - 1
+        cache_seqlens = torch.full((count,), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
+    if (cu_seqlens_q is not None and max_seqlen_q is None
+            and isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.numel() > 1):
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if page_table is None and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
         # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
         page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
@@ -65,17 +76,17 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if torch.compiler.is_compiling():
         out, lse = torch.ops.cutetma.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
-            num_splits)
+            num_splits, cu_seqlens_q, max_seqlen_q)
         return (out, lse) if return_lse else out
     key = _plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                    load, num_splits)
+                    load, num_splits, cu_seqlens_q, max_seqlen_q)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                     load, num_splits)
+                     load, num_splits, cu_seqlens_q, max_seqlen_q)
         if key is not None:
             _PLANS[key] = plan
-    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table)
+    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q)
     return (out, lse) if return_lse else out
 
 
@@ -102,8 +113,16 @@ class _PagedPlan:
     splits: int = 1  # > 1: the kernel writes fp32 partials, ``combine`` merges them
     combine: object = None
     combine_scalars: tuple = ()  # batch, s_q, heads, splits, out's (seq, head, batch) strides
+    varlen: bool = False  # q (total_q, h, d): handled as one batch of total_q rows
 
-    def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table):
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q=None):
+        if self.varlen:
+            out, lse = self._run(q[None], k_cache, v_cache, cache_seqlens, page_table,
+                                 cu_seqlens_q)
+            return out[0], lse[0]
+        return self._run(q, k_cache, v_cache, cache_seqlens, page_table, None)
+
+    def _run(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q):
         out, lse = attention_outputs(q, empty=self.launch is None)
         if self.launch is None:
             return out, lse
@@ -114,9 +133,10 @@ class _PagedPlan:
                                  dtype=torch.float32)
             lse_into = torch.empty((self.splits * b, h, s_q), device=q.device,
                                    dtype=torch.float32)
+        offsets = (cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens).data_ptr()
         self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_into.data_ptr(),
                      lse_into.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
-                    + self.scalars + (_current_stream(q.device),))
+                    + self.scalars + (offsets, q.shape[1], _current_stream(q.device)))
         if self.splits > 1:
             self.combine((o_into.data_ptr(), lse_into.data_ptr(), out.data_ptr(),
                           lse.data_ptr()) + self.combine_scalars
@@ -132,13 +152,15 @@ def _aligned(x: torch.Tensor) -> bool:
 
 
 def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
-          num_splits):
+          num_splits, cu_seqlens_q=None, max_seqlen_q=None):
     from cutetma.kernels.attention import AttentionConfig
     from cutetma.kernels.attention.config import SPLIT_KV_UNSUPPORTED
     from cutetma.tuning import attention as attention_tuning
 
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("cache_seqlens", cache_seqlens), ("page_table", page_table)):
+    varlen = cu_seqlens_q is not None
+    tensors = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+               ("cache_seqlens", cache_seqlens), ("page_table", page_table)]
+    for name, t in tensors + ([("cu_seqlens_q", cu_seqlens_q)] if varlen else []):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != "cuda":
@@ -146,7 +168,18 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                              "tensors")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    if varlen:
+        if q.dim() != 3:
+            raise ValueError(f"with cu_seqlens_q, q is (total_q, h, d), got {tuple(q.shape)}")
+        if (cu_seqlens_q.dtype != torch.int32 or cu_seqlens_q.dim() != 1
+                or cu_seqlens_q.stride(0) != 1 or len(cu_seqlens_q) < 1):
+            raise ValueError(f"cu_seqlens_q must be a contiguous (b + 1,) int32 tensor, got "
+                             f"{tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
+        if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+            raise ValueError(f"max_seqlen_q={max_seqlen_q!r}: the longest sequence's "
+                             "number of queries, an int")
+    for name, t in (("q", q[None] if varlen else q), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got {tuple(t.shape)}")
         if t.dtype not in GEMM_DTYPES:
@@ -154,7 +187,11 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     if not q.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
                         f"{k_cache.dtype}, {v_cache.dtype}")
-    b, s_q, h, d = q.shape
+    q4 = q[None] if varlen else q  # varlen: one batch of total_q rows
+    b, s_q, h, d = q4.shape
+    if varlen:
+        # the kernel walks b sequences of at most max_seqlen_q queries
+        b, s_q = len(cu_seqlens_q) - 1, max_seqlen_q
     pages, page_size, h_kv, d_kv = k_cache.shape
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} "
@@ -196,15 +233,16 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     if num_splits is None and (d, load, causal) in SPLIT_KV_UNSUPPORTED:
         splits = 1
     config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
-                             pack_gqa=pack, split_kv=splits > 1)
-    plan = _PagedPlan(splits=splits)
-    if q.numel() == 0 or page_table.shape[1] == 0:
+                             pack_gqa=pack, split_kv=splits > 1, varlen_q=varlen)
+    plan = _PagedPlan(splits=splits, varlen=varlen)
+    if q.numel() == 0 or page_table.shape[1] == 0 or b == 0:
         return plan
     # O's strides: out is made like q; split_kv's partial is a contiguous (splits b, s_q,
-    # h, d) fp32 tensor
-    out_like = torch.empty((b * splits, s_q, h, d), device="meta") if splits > 1 else (
-        torch.empty_like(q, device="meta"))
-    strides = [q.stride(1), q.stride(2), q.stride(0),
+    # h, d) fp32 tensor (varlen: (splits, total_q, h, d))
+    out_b, out_s = q4.shape[:2]
+    out_like = torch.empty((out_b * splits, out_s, h, d), device="meta") if splits > 1 else (
+        torch.empty_like(q4, device="meta"))
+    strides = [q4.stride(1), q4.stride(2), q4.stride(0),
                k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
                v_cache.stride(1), v_cache.stride(2), v_cache.stride(0),
                *(out_like.stride(i) for i in (1, 2, 0)), page_table.stride(0)]
@@ -213,9 +251,9 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                     splits)
     plan.launch = runtime.paged_attention_launch(q.dtype, config)
     if splits > 1:
-        out_strides = torch.empty_like(q, device="meta").stride()
+        out_strides = torch.empty_like(q4, device="meta").stride()
         plan.combine = runtime.combine_launch(q.dtype, d)
-        plan.combine_scalars = (b, s_q, h, splits, *(out_strides[i] for i in (1, 2, 0)))
+        plan.combine_scalars = (out_b, out_s, h, splits, *(out_strides[i] for i in (1, 2, 0)))
     return plan
 
 
@@ -227,17 +265,21 @@ def clear_plans() -> None:
 def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool = False,
                 softmax_scale: float | None = None, load: str = "auto",
-                num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                num_splits: int | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                max_seqlen_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
-    page_table, causal, softmax_scale, load, num_splits) -> (out, lse)``: the call inside
-    ``torch.compile``."""
+    page_table, causal, softmax_scale, load, num_splits, cu_seqlens_q, max_seqlen_q) ->
+    (out, lse)``: the call inside ``torch.compile``."""
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
                                   causal=causal, softmax_scale=softmax_scale,
-                                  return_lse=True, load=load, num_splits=num_splits)
+                                  return_lse=True, load=load, num_splits=num_splits,
+                                  cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, page_table, causal=False, softmax_scale=None,
-      load="auto", num_splits=None):
+      load="auto", num_splits=None, cu_seqlens_q=None, max_seqlen_q=None):
+    if cu_seqlens_q is not None:  # q (total_q, h, d)
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     b, s_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)

@@ -35,23 +35,30 @@ def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = N
 
 
 def paged_attention_ref(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool = False,
-                        softmax_scale: float | None = None):
+                        softmax_scale: float | None = None, cu_seqlens_q=None):
     """fp32 attention over a paged cache (``cutetma.attention_with_kvcache``'s contract):
     sequence i's keys are rows 0 .. cache_seqlens[i] - 1 of its pages, in page-table order.
-    Returns (out, lse) as ``attention_ref``."""
+    Returns (out, lse) as ``attention_ref``; with ``cu_seqlens_q``, q (total_q, h, d) holds
+    the sequences' queries end to end and out is (total_q, h, d), lse (h, total_q)."""
     import torch
 
-    b, s_q, h, d = q.shape
     page_size = k_cache.shape[1]
+    count = len(cu_seqlens_q) - 1 if cu_seqlens_q is not None else q.shape[0]
     outs, lses = [], []
-    for i in range(b):
+    for i in range(count):
         n = int(cache_seqlens[i])
         pages = page_table[i, :(n + page_size - 1) // page_size].long()
         k = k_cache[pages].flatten(0, 1)[:n][None]
         v = v_cache[pages].flatten(0, 1)[:n][None]
-        out, lse = attention_ref(q[i:i + 1], k, v, causal, softmax_scale)
+        if cu_seqlens_q is None:
+            queries = q[i:i + 1]
+        else:
+            queries = q[int(cu_seqlens_q[i]):int(cu_seqlens_q[i + 1])][None]
+        out, lse = attention_ref(queries, k, v, causal, softmax_scale)
         outs.append(out)
         lses.append(lse)
+    if cu_seqlens_q is not None:
+        return torch.cat(outs, 1)[0], torch.cat(lses, 2)[0]
     return torch.cat(outs), torch.cat(lses)
 
 

@@ -265,7 +265,7 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
     """The paged attention forward (``FlashAttentionSm90.paged``) for sm_90a: Q, O (s_q, d,
     h, b) and the K / V pools (page_size, d, h_kv, pages) as ``ops`` passes them (dynamic
     sizes and strides), the page table (b, max_pages) and cache lengths (b,) int32;
-    ``split_kv``: O and the LSE fp32 partials."""
+    ``split_kv``: O and the LSE fp32 partials; ``varlen_q``: the query offsets (b + 1,)."""
     from cutetma import dsl
     from cutetma.kernels.attention import FlashAttentionSm90
 
@@ -287,10 +287,11 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
     lengths = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     rows = cute.sym_int32()
     out = tensor(rows, cutlass.Float32 if cfg.split_kv else dtype)
+    offsets = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     return dsl.compile_ptx(FlashAttentionSm90(cfg).paged, tensor(rows), tensor(cfg.page_size),
                            tensor(cfg.page_size), out, lse, table, lengths,
                            cutlass.Float32(0.125), cutlass.Int32(132), cutlass.Int32(1),
-                           make_fake_stream())
+                           offsets, cutlass.Int32(1), make_fake_stream())
 
 
 def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):

@@ -113,10 +113,12 @@ class PagedAttentionLaunch(PointerLaunch):
     """``FlashAttentionSm90.paged_from_pointers``: Q, K pool, V pool, O, LSE, page table,
     cache lengths; batch, s_q, heads, kv heads, head dim, pages, max pages; the strides of
     Q (seq, head, batch), the pools (row, head, page), O, the page table's row; the softmax
-    scale, the persistent grid's size, the number of splits (split_kv); the stream."""
+    scale, the persistent grid's size, the number of splits (split_kv), the query offsets and
+    the total of queries (varlen_q); the stream."""
 
     SLOTS = ((ctypes.c_void_p,) * 7 + (ctypes.c_int32,) * 7 + (ctypes.c_int64,) * 13
-             + (ctypes.c_float, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p))
+             + (ctypes.c_float, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
+                ctypes.c_int32, ctypes.c_void_p))
 
 
 class CombineLaunch(PointerLaunch):
@@ -213,7 +215,7 @@ def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:
         args = (*[typed_pointer(dtype) for _ in range(3)], out, typed_pointer(torch.float32, 4),
                 typed_pointer(torch.int32, 4), typed_pointer(torch.int32, 4),
                 *(1,) * 20, cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1),
-                make_fake_stream())
+                typed_pointer(torch.int32, 4), cutlass.Int32(1), make_fake_stream())
         return PagedAttentionLaunch(cache.load_or_compile(
             {"entry": "FlashAttentionSm90.paged_from_pointers", "config": repr(cfg),
              "args": cache.describe_args(*args)}, compile_it))

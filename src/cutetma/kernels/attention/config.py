@@ -105,6 +105,10 @@ class AttentionConfig:
     # value) ranges; each writes an fp32 partial O and its LSE, which a combine merges
     # (decode with fewer (sequence, K/V head) tiles than SMs)
     split_kv: bool = False
+    # paged only. varlen_q: the queries of every sequence end to end, (total_q, h, d), with
+    # their offsets (cu_seqlens_q); the tile walk covers the longest sequence's, and a tile
+    # past a shorter one's does no work. Q is gathered by rows (a sequence starts anywhere)
+    varlen_q: bool = False
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -150,9 +154,9 @@ class AttentionConfig:
                 f"page_size={self.page_size} with block_n={self.block_n}: a TMA box of K/V "
                 f"rows must start on a swizzle atom (8 rows); gcd(page_size, block_n) = "
                 f"{self.kv_box} is not a multiple of 8. load='cp_async' takes any page size")
-        if (self.pack_gqa or self.split_kv) and not self.paged:
-            raise ValueError("pack_gqa and split_kv are options of the paged kernel "
-                             "(page_size > 0)")
+        if (self.pack_gqa or self.split_kv or self.varlen_q) and not self.paged:
+            raise ValueError("pack_gqa, split_kv and varlen_q are options of the paged "
+                             "kernel (page_size > 0)")
         if self.split_kv and (self.head_dim, self.load, self.causal) in SPLIT_KV_UNSUPPORTED:
             raise ValueError(f"split_kv with head_dim={self.head_dim}, load={self.load!r}, "
                              f"causal={self.causal}: not available (the DSL's compiler "
@@ -187,6 +191,12 @@ class AttentionConfig:
     def registers(self) -> tuple[int, int]:
         """setmaxnreg's (producer, each consumer) budget (``REGISTERS``)."""
         return (REGISTERS_PAGED if self.paged else REGISTERS)[(self.load, self.consumers)]
+
+    @property
+    def gathers_q(self) -> bool:
+        """Whether Q arrives by 16-byte cp.async row gathers (packed rows, or a varlen_q
+        sequence starting at any row), not a TMA box."""
+        return self.pack_gqa or self.varlen_q
 
     @property
     def skips_idle(self) -> bool:

@@ -24,10 +24,11 @@ from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 class _Problem:
     """The launch's sizes as the tile walk reads them: ``rows`` of a (head, batch) tile
-    column (s_q, or group x s_q packed), ``seqlen_q`` (queries), ``group`` (packed rows
-    per query: pack_gqa's group, else 1), ``heads`` (h, or h_kv packed), ``batches``,
-    ``splits`` (split_kv), ``seqlen_k`` (dense keys). A plain holder: the kernel's helpers
-    are inlined, so it never crosses a compiled boundary."""
+    column (s_q, or group x s_q packed; varlen_q: the longest sequence's), ``seqlen_q``
+    (queries), ``group`` (packed rows per query: pack_gqa's group, else 1), ``heads`` (h,
+    or h_kv packed), ``batches``, ``splits`` (split_kv), ``seqlen_k`` (dense keys),
+    ``cu_seqlens_q`` (varlen_q's query offsets). A plain holder: the kernel's helpers are
+    inlined, so it never crosses a compiled boundary."""
 
     def __init__(self, **sizes):
         self.__dict__.update(sizes)
@@ -53,27 +54,33 @@ class FlashAttentionSm90:
     def paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
               mLSE: cute.Tensor, mPageTable: cute.Tensor, mSeqlensK: cute.Tensor,
               softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
-              num_splits: cutlass.Int32, stream: cuda.CUstream):
+              num_splits: cutlass.Int32, mCuSeqlensQ: cute.Tensor, seqlen_q: cutlass.Int32,
+              stream: cuda.CUstream):
         """Paged K/V: mK, mV are the cache pools seen as (page_size, d, h_kv, pages) (the
         torch (pages, page_size, h_kv, d) permuted); mPageTable (b, max_pages) int32 maps a
         sequence's i-th page to a pool page; mSeqlensK (b,) int32 its number of keys. mQ,
         mO, mLSE as in ``__call__`` (s_q the same for every sequence). ``split_kv``: mO
         and mLSE are fp32 partials for ``num_splits`` x b sequences (split s of sequence i
-        at batch index s b + i), for the combine to merge."""
+        at batch index s b + i), for the combine to merge. ``varlen_q``: mQ, mO
+        (total_q, d, h, 1), mLSE (total_q, h, 1) (split_kv: batch index s), sequence i's
+        queries rows mCuSeqlensQ[i] .. mCuSeqlensQ[i + 1] - 1, at most ``seqlen_q`` of
+        them (else ``seqlen_q`` is unused)."""
         self._launch(mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                     num_splits, stream)
+                     num_splits, stream, mCuSeqlensQ, seqlen_q)
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                num_splits, stream):
+                num_splits, stream, mCuSeqlensQ=None, max_seqlen_q=None):
         cfg = self.cfg
         dtype = mQ.element_type
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
         # its strides are as aligned as Q's (the epilogue's 16-byte stores rely on it)
         mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
         group = mQ.shape[2] // mK.shape[2]  # query heads per key/value head
-        mQ_heads = mQ  # TMA's view of Q (unused by pack_gqa, which gathers Q rows)
+        mQ_heads = mQ  # TMA's view of Q (unused where Q rows are gathered)
+        group_q = 1  # rows per query
         if cutlass.const_expr(cfg.pack_gqa):
+            group_q = group
             # a tile's rows are (group, s_q): the query heads of one K/V head, packed
             mQ, mO = self._pack_rows(mQ, group, 2), self._pack_rows(mO, group, 2)
             mLSE = self._pack_rows(mLSE, group, 1)
@@ -128,16 +135,24 @@ class FlashAttentionSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
-        items = scheduler.work_items(cfg, cute.size(mQ, mode=[0]), mQ.shape[2], mQ.shape[3],
-                                     num_splits)
+        walk_rows = max_seqlen_q * group_q if cutlass.const_expr(cfg.varlen_q) else (
+            cute.size(mQ, mode=[0]))
+        batches = mSeqlensK.shape[0] if cutlass.const_expr(cfg.varlen_q) else mQ.shape[3]
+        items = scheduler.work_items(cfg, walk_rows, mQ.shape[2], batches, num_splits)
         grid = (cutlass.min(items, sm_count) if cutlass.const_expr(cfg.persistent) else items,
                 1, 1)
         # dense: no page table or lengths; the kernel takes the LSE in their place, unread
         if cutlass.const_expr(not cfg.paged):
             mPageTable, mSeqlensK = mLSE, mLSE
+            mCuSeqlensQ = mLSE
+        # varlen_q: the longest sequence's queries set the tile walk; else the kernel reads s_q
+        # from Q's shape and takes neither
+        if cutlass.const_expr(not cfg.varlen_q):
+            mCuSeqlensQ, max_seqlen_q = mSeqlensK, cutlass.Int32(0)
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE,
                     mPageTable, mSeqlensK, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
-                    mK.shape[0], softmax_scale * LOG2_E, num_splits).launch(
+                    mK.shape[0], softmax_scale * LOG2_E, num_splits, mCuSeqlensQ,
+                    max_seqlen_q).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -181,30 +196,40 @@ class FlashAttentionSm90:
                             o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
                             table_b: cutlass.Int64, softmax_scale: cutlass.Float32,
                             sm_count: cutlass.Int32, num_splits: cutlass.Int32,
+                            pCuSeqlensQ: cute.Pointer, total_q: cutlass.Int32,
                             stream: cuda.CUstream):
         """``paged`` from base pointers, sizes and strides: Q, O (b, s_q, h, d); the pools
         (pages, page_size, h_kv, d) with (row, head, page) strides; the page table
         (b, max_pages) with row stride ``table_b``; the cache lengths (b,) contiguous; the
         LSE a contiguous (b, h, s_q) fp32 tensor. ``split_kv``: O (num_splits b, s_q, h, d)
-        and the LSE (num_splits b, h, s_q), both fp32 partials."""
+        and the LSE (num_splits b, h, s_q), both fp32 partials. ``varlen_q``: Q, O
+        (total_q, h, d) (their batch stride unused), the LSE (h, total_q) (split_kv: O
+        (num_splits, total_q, h, d), the LSE (num_splits, h, total_q)), the query offsets
+        (b + 1,) contiguous, ``seqlen_q`` the longest sequence's queries; else the offsets
+        and ``total_q`` are unused."""
         def view(pointer, rows, count, outer, s, h, b):  # -> (rows, d, h, outer)
             return cute.make_tensor(pointer, cute.make_layout(
                 (rows, head_dim, count, outer), stride=(s, 1, h, b)))
 
         out_batch = batch * num_splits if cutlass.const_expr(self.cfg.split_kv) else batch
-        per_head = cutlass.Int64(seqlen_q)
+        q_rows, q_batch = seqlen_q, batch  # Q's and O's (rows, batch) modes
+        if cutlass.const_expr(self.cfg.varlen_q):
+            q_rows, q_batch = total_q, 1
+            out_batch = num_splits if cutlass.const_expr(self.cfg.split_kv) else 1
+        per_head = cutlass.Int64(q_rows)
         mLSE = cute.make_tensor(pLSE, cute.make_layout(
-            (seqlen_q, heads, out_batch),
+            (q_rows, heads, out_batch),
             stride=(1, per_head, per_head * cutlass.Int64(heads))))
+        offsets = cute.make_tensor(pCuSeqlensQ, cute.make_layout((batch + 1,), stride=(1,)))
         table = cute.make_tensor(pPageTable, cute.make_layout((batch, max_pages),
                                                               stride=(table_b, 1)))
         lengths = cute.make_tensor(pSeqlensK, cute.make_layout((batch,), stride=(1,)))
         size = self.cfg.page_size
-        self.paged(view(pQ, seqlen_q, heads, batch, q_s, q_h, q_b),
+        self.paged(view(pQ, q_rows, heads, q_batch, q_s, q_h, q_b),
                    view(pK, size, heads_kv, pages, k_s, k_h, k_p),
                    view(pV, size, heads_kv, pages, v_s, v_h, v_p),
-                   view(pO, seqlen_q, heads, out_batch, o_s, o_h, o_b), mLSE, table, lengths,
-                   softmax_scale, sm_count, num_splits, stream)
+                   view(pO, q_rows, heads, out_batch, o_s, o_h, o_b), mLSE, table, lengths,
+                   softmax_scale, sm_count, num_splits, offsets, seqlen_q, stream)
 
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
@@ -246,7 +271,8 @@ class FlashAttentionSm90:
                mSeqlensK: cute.Tensor, qk_mma: cute.TiledMma,
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32, num_splits: cutlass.Int32):
+               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32, num_splits: cutlass.Int32,
+               mCuSeqlensQ: cute.Tensor, max_seqlen_q: cutlass.Int32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -287,9 +313,13 @@ class FlashAttentionSm90:
         rows = cute.size(mO, mode=[0])
         prob = _Problem(rows=rows, seqlen_q=rows, group=1, heads=mO.shape[2],
                         batches=mQ.shape[3] if cutlass.const_expr(cfg.split_kv) else mO.shape[3],
-                        splits=num_splits, seqlen_k=seqlen_k)
+                        splits=num_splits, seqlen_k=seqlen_k, cu_seqlens_q=mCuSeqlensQ)
         if cutlass.const_expr(cfg.pack_gqa):
             prob.group, prob.seqlen_q = mO.shape[0][0], mO.shape[0][1]
+        if cutlass.const_expr(cfg.varlen_q):
+            # Q is every sequence's queries end to end: the walk covers the longest
+            prob.seqlen_q, prob.batches = max_seqlen_q, mSeqlensK.shape[0]
+            prob.rows = max_seqlen_q * prob.group
         items = scheduler.work_items(cfg, rows, prob.heads, prob.batches, num_splits)
         producer_regs, consumer_regs = cfg.registers
         if wg == 0:
@@ -309,23 +339,24 @@ class FlashAttentionSm90:
 
     def _q_arrivals(self) -> int:
         """Arrivals that fill a Q buffer: the loader's (TMA: one, with the bytes), or
-        (pack_gqa's row gather under the TMA producer) the producer warp's 32 cp.async
+        (Q gathered by rows under the TMA producer) the producer warp's 32 cp.async
         threads."""
-        if self.cfg.pack_gqa and self.cfg.load == "tma":
+        if self.cfg.gathers_q and self.cfg.load == "tma":
             return 32
         return self.loader.barrier_count(WARPGROUP)
 
     @cute.jit
-    def _packed_q_loader(self, mQ, sQ, m_block, head, batch, rows, q_full, tidx,
-                         threads: cutlass.Constexpr):
-        """pack_gqa's ``load_q``: the tile's rows of Q, 16 bytes per cp.async from each row's
-        own (position, head) (a packed row is no TMA box), by ``threads`` threads that each
-        arrive on the Q barrier when theirs land. Rows past the tile's are left as they
-        are: their scores are never stored."""
+    def _gathered_q_loader(self, mQ, sQ, m_block, head, batch, q_start, rows, q_full, tidx,
+                           threads: cutlass.Constexpr):
+        """``load_q`` where Q is gathered (``gathers_q``): the tile's rows of Q, 16 bytes per
+        cp.async from each row's own (position, head) (a packed row is no TMA box; a
+        sequence of varlen_q starts at any row), by ``threads`` threads that each arrive on
+        the Q barrier when theirs land. Rows past the tile's are left as they are: their
+        scores are never stored."""
         cfg = self.cfg
         q_part = cpa.partition_stage(sQ, (cfg.block_m, cfg.head_dim), tidx, threads, 1)
         vec = cpa.VECTOR_BYTES * 8 // mQ.element_type.width
-        gQ = mQ[(None, None, head, batch)]  # ((group, s_q), d)
+        gQ = self._sequence_rows(mQ[(None, None, head, batch)], q_start)  # (rows, d)
 
         def load_q(q_stage):
             def q_vector(row, col):
@@ -349,10 +380,11 @@ class FlashAttentionSm90:
         tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
             mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
 
-        def tile_loaders(m_block, head, batch, kv_len):
-            if cutlass.const_expr(cfg.pack_gqa):
-                load_q = self._packed_q_loader(mQ, sQ, m_block, head, batch, prob.rows, q_full,
-                                               cute.arch.lane_idx(), 32)
+        def tile_loaders(m_block, head, batch, kv_len, q_start, rows):
+            batch_q = 0 if cutlass.const_expr(cfg.varlen_q) else batch  # Q's batch index
+            if cutlass.const_expr(cfg.gathers_q):
+                load_q = self._gathered_q_loader(mQ, sQ, m_block, head, batch_q, q_start, rows,
+                                                 q_full, cute.arch.lane_idx(), 32)
             else:
                 gQ = cute.local_tile(mQ_tma[(None, None, head, batch)],
                                      (cfg.block_m, cfg.head_dim), (m_block, 0))
@@ -447,10 +479,11 @@ class FlashAttentionSm90:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
 
-        def tile_loaders(m_block, head, batch, kv_len):
-            if cutlass.const_expr(cfg.pack_gqa):
-                load_q = self._packed_q_loader(mQ, sQ, m_block, head, batch, prob.rows, q_full,
-                                               tidx, WARPGROUP)
+        def tile_loaders(m_block, head, batch, kv_len, q_start, rows):
+            batch_q = 0 if cutlass.const_expr(cfg.varlen_q) else batch  # Q's batch index
+            if cutlass.const_expr(cfg.gathers_q):
+                load_q = self._gathered_q_loader(mQ, sQ, m_block, head, batch_q, q_start, rows,
+                                                 q_full, tidx, WARPGROUP)
             else:
                 gQ = mQ[(None, None, head, batch)]  # (s_q, d)
                 q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx,
@@ -525,8 +558,10 @@ class FlashAttentionSm90:
                 m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
                                                                     prob.heads, prob.batches)
                 kv_len = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
-                load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len)
-                lo, hi = self._key_range(m_block, split, kv_len, prob)
+                q_start, seqlen_q, rows = self._tile_queries(batch, prob)
+                load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len,
+                                                              q_start, rows)
+                lo, hi = self._key_range(m_block, split, kv_len, prob, seqlen_q, rows)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, lo, hi, load_q,
                                    load_k, load_v, refill)
                 done += hi - lo
@@ -535,11 +570,34 @@ class FlashAttentionSm90:
         pipe_v.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def _key_range(self, m_block, split, kv_len, prob):
+    def _key_range(self, m_block, split, kv_len, prob, seqlen_q, rows):
         """The key blocks [lo, hi) a tile walks: those its rows see (``key_blocks``), or
-        (split_kv) its split's range of them."""
-        n_blocks = scheduler.key_blocks(self.cfg, m_block, prob.seqlen_q, kv_len, prob.group)
+        (split_kv) its split's range of them; none for a varlen_q tile past its sequence's
+        rows (it still takes its Q buffer and stores nothing, like a tile without keys)."""
+        n_blocks = scheduler.key_blocks(self.cfg, m_block, seqlen_q, kv_len, prob.group)
+        if cutlass.const_expr(self.cfg.varlen_q):
+            n_blocks = cutlass.select_(m_block * self.cfg.block_m < rows, n_blocks, 0)
         return scheduler.block_range(self.cfg, n_blocks, split, prob.splits)
+
+    @cute.jit
+    def _tile_queries(self, batch, prob):
+        """(the sequence's first row in Q, its queries, its tile rows): (0, s_q, rows), or
+        (varlen_q) from the query offsets."""
+        if cutlass.const_expr(self.cfg.varlen_q):
+            start = prob.cu_seqlens_q[batch]
+            count = prob.cu_seqlens_q[batch + 1] - start
+            return start, count, count * prob.group
+        return 0, prob.seqlen_q, prob.rows
+
+    @cute.jit
+    def _sequence_rows(self, mX, q_start):
+        """``mX`` (rows, ...) seen from a varlen_q sequence's first query (packed rows:
+        the position sub-mode is offset); unchanged otherwise."""
+        if cutlass.const_expr(not self.cfg.varlen_q):
+            return mX
+        offset = [0] * cute.rank(mX)
+        offset[0] = (0, q_start) if cutlass.const_expr(self.cfg.pack_gqa) else q_start
+        return cute.domain_offset(tuple(offset), mX)
 
     @cute.jit
     def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, lo, hi,
@@ -651,19 +709,21 @@ class FlashAttentionSm90:
                 m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
                                                                     prob.heads, prob.batches)
                 seqlen_k = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
-                lo, hi = self._key_range(m_block, split, seqlen_k, prob)
+                q_start, seqlen_q, rows = self._tile_queries(batch, prob)
+                lo, hi = self._key_range(m_block, split, seqlen_k, prob, seqlen_q, rows)
                 if cutlass.const_expr(cfg.skips_idle):
-                    if m_block * cfg.block_m + wg * 64 >= prob.rows:
+                    if m_block * cfg.block_m + wg * 64 >= rows:
                         self._pass_tile(pipe_k, pipe_v, q_full, q_empty, local, done, lo, hi)
                     else:
                         self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma,
                                            frags, sV, mO, mLSE, prob, scale_log2, m_block,
                                            head, batch, split, seqlen_k, lo, hi, local,
-                                           done)
+                                           done, q_start, seqlen_q, rows)
                 else:
                     self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags,
                                        sV, mO, mLSE, prob, scale_log2, m_block, head, batch,
-                                       split, seqlen_k, lo, hi, local, done)
+                                       split, seqlen_k, lo, hi, local, done, q_start,
+                                       seqlen_q, rows)
                 done += hi - lo
                 local += 1
 
@@ -687,7 +747,7 @@ class FlashAttentionSm90:
     @cute.jit
     def _consume_tile(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags, sV, mO,
                       mLSE, prob, scale_log2, m_block, head, batch, split, seqlen_k, lo, hi,
-                      local, done):
+                      local, done, q_start, seqlen_q, rows):
         """One tile of a consumer warpgroup: S, softmax and P V over key blocks lo .. hi - 1
         in the configuration's schedule, then the epilogue (split_kv: into the split's
         partial, batch index split x b + batch)."""
@@ -715,7 +775,7 @@ class FlashAttentionSm90:
         tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
         q_stage, q_phase = self._q_slot(local)
         cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
-        if cutlass.const_expr(cfg.load == "cp_async" or cfg.pack_gqa):
+        if cutlass.const_expr(cfg.load == "cp_async" or cfg.gathers_q):
             cute.arch.fence_view_async_shared()  # Q came through the generic proxy
 
         if cutlass.const_expr(not cfg.overlap):
@@ -725,7 +785,7 @@ class FlashAttentionSm90:
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, read)
                 self._release_q_after(j, hi, q_empty + q_stage)
-                apply_mask(cfg, acc_s, j, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k,
                            prob.group)
                 online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                 rescale(acc_o, correction)
@@ -752,7 +812,7 @@ class FlashAttentionSm90:
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, read)
                 self._release_q_after(lo, hi, q_empty + q_stage)
-                apply_mask(cfg, acc_s, lo, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                apply_mask(cfg, acc_s, lo, row0, col_in_tile, seqlen_q, seqlen_k,
                            prob.group)
                 online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                 read.advance()
@@ -783,7 +843,7 @@ class FlashAttentionSm90:
                     warpgroup.wait_group(1)  # S_j is in; P V may still run
                     self.loader.consumer_release(pipe_k, read)  # K_j is read
                     self._release_q_after(j, hi, q_empty + q_stage)
-                    apply_mask(cfg, acc_s, j, row0, col_in_tile, prob.seqlen_q, seqlen_k,
+                    apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k,
                                prob.group)
                     online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                     if cutlass.const_expr(cfg.pv_wait == "early"):
@@ -812,8 +872,10 @@ class FlashAttentionSm90:
         out_batch = batch
         if cutlass.const_expr(cfg.split_kv):
             out_batch = batch + split * prob.batches
-        epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, out_batch, row0, prob.rows,
-                 scale_log2)
+        if cutlass.const_expr(cfg.varlen_q):
+            out_batch = split  # the partial's batch mode is the split's; else 0
+        epilogue(cfg, acc_o, row_max, row_sum, self._sequence_rows(mO, q_start),
+                 self._sequence_rows(mLSE, q_start), head, out_batch, row0, rows, scale_log2)
 
     @cute.jit
     def _zero_v_tail(self, sV, stage, keys):
