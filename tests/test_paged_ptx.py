@@ -260,3 +260,29 @@ def test_varlen_reference_is_the_per_sequence_reference():
             q[rows][None], *pool, cache_seqlens[i:i + 1], table[i:i + 1], True)
         torch.testing.assert_close(out[rows], want[0])
         torch.testing.assert_close(lse[:, rows], want_lse[0])
+
+
+def test_check_contents_names_the_bad_entry():
+    """``check_contents``: the checks that read the tensors (host side, CPU tensors here)."""
+    import torch
+
+    from cutetma.kvcache import check_cache_contents
+
+    cache = torch.empty(6, 16, 2, 64)
+    table = torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32)
+    check_cache_contents(None, cache, torch.tensor([40, 16], dtype=torch.int32), table)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = -1"):
+        check_cache_contents(None, cache, torch.tensor([40, -1], dtype=torch.int32), table)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 49: outside \[0, 48\]"):
+        check_cache_contents(None, cache, torch.tensor([49, 1], dtype=torch.int32), table)
+    with pytest.raises(ValueError, match=r"page_table\[1, 1\] = -1"):
+        check_cache_contents(None, cache, torch.tensor([40, 17], dtype=torch.int32), table)
+    with pytest.raises(ValueError, match=r"page_table\[0, 2\] = 9"):
+        check_cache_contents(None, cache, torch.tensor([33, 0], dtype=torch.int32),
+                             torch.tensor([[0, 1, 9], [3, 4, 5]], dtype=torch.int32))
+    q = torch.empty(5, 4, 64)
+    lens = torch.tensor([40, 16], dtype=torch.int32)
+    check_cache_contents(q, cache, lens, table, torch.tensor([0, 2, 5], dtype=torch.int32))
+    for cu in ([1, 2, 5], [0, 3, 2], [0, 2, 6]):
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            check_cache_contents(q, cache, lens, table, torch.tensor(cu, dtype=torch.int32))

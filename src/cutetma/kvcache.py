@@ -9,11 +9,19 @@ FlashAttention's ``flash_attn_with_kvcache``::
     cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, *,
                                    softmax_scale=..., causal=..., return_lse=..., load=...)
 
-``q`` (b, s_q, h, d); ``k_cache``, ``v_cache`` (num_pages, page_size, h_kv, d) with
-``page_table`` (b, max_pages) int32, or (b, s_cache, h_kv, d) without one (a dense cache is
-one page per sequence); ``cache_seqlens`` (b,) int32 (or an int for all). Causal masks are
-bottom-right aligned per sequence: query i of s_q sees cache keys up to
-``cache_seqlens - s_q + i``, so the new tokens' own keys must already be in the cache.
+and, for ragged new tokens, onto ``flash_attn_varlen_func`` with a paged cache: its
+``cu_seqlens_q``, ``max_seqlen_q``, ``seqused_k`` and ``page_table`` are this call's
+``cu_seqlens_q``, ``max_seqlen_q``, ``cache_seqlens`` and ``page_table``.
+
+``q`` (b, s_q, h, d), or (total_q, h, d) with ``cu_seqlens_q``; ``k_cache``, ``v_cache``
+(num_pages, page_size, h_kv, d) with ``page_table`` (b, max_pages) int32, or (b, s_cache,
+h_kv, d) without one (a dense cache is one page per sequence); ``cache_seqlens`` (b,) int32
+(or an int for all). Causal masks are bottom-right aligned per sequence: query i of s_q
+sees cache keys up to ``cache_seqlens - s_q + i``, so the new tokens' own keys must already
+be in the cache. The table's and the lengths' contents are not read on the host (that
+would be a synchronisation); ``check_contents=True`` reads them and raises on a page id out
+of range, a negative length, a length past the table's pages or query offsets that do not
+add up.
 
 The kernel is ``FlashAttentionSm90`` with ``AttentionConfig.page_size`` set (one kernel,
 paging a parameter): the TMA producer loads a stage as boxes that each lie inside one page,
@@ -43,7 +51,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            softmax_scale: float | None = None, return_lse: bool = False,
                            load: str = "auto", num_splits: int | None = None,
                            cu_seqlens_q: torch.Tensor | None = None,
-                           max_seqlen_q: int | None = None):
+                           max_seqlen_q: int | None = None, check_contents: bool = False):
     """Attention of ``q`` over each sequence's cached keys and values (see the module).
 
     Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32.
@@ -51,15 +59,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence's new queries end to end, sequence i's at rows ``cu_seqlens_q[i] ..
     cu_seqlens_q[i + 1] - 1`` (int32, (b + 1,)); ``max_seqlen_q`` the longest (read from
     ``cu_seqlens_q`` when None, a host synchronisation); out (total_q, h, d), lse
-    (h, total_q). A
-    sequence with no cached keys gets output 0 and lse -inf. Page ids are read only for
-    keys below ``cache_seqlens`` (they must lie in [0, num_pages) there); cache slots past a
-    sequence's length may hold anything, NaN included. Inside ``torch.compile`` the call is
-    the custom op ``torch.ops.cutetma.attention_with_kvcache``. ``load``: "auto", "tma" (page sizes
-    whose TMA boxes start on a swizzle atom: gcd(page_size, keys per stage) a multiple of
-    8) or "cp_async" (any page size). ``num_splits``: how many ranges each sequence's keys
-    are cut into (None: ``tuning.attention.paged_splits``, from the shapes). Runs on the
-    current CUDA stream, with no host synchronisation (CUDA-graph capturable)."""
+    (h, total_q). A sequence with no cached keys gets output 0 and lse -inf. Page ids are
+    read only for keys below ``cache_seqlens`` (they must lie in [0, num_pages) there;
+    ``check_contents=True`` checks it, and the lengths, with a synchronisation); cache slots
+    past a sequence's length may hold anything, NaN included. Inside ``torch.compile`` the
+    call is the custom op ``torch.ops.cutetma.attention_with_kvcache``. ``load``: "auto",
+    "tma" (page sizes whose TMA boxes start on a swizzle atom: gcd(page_size, keys per
+    stage) a multiple of 8) or "cp_async" (any page size). ``num_splits``: how many ranges
+    each sequence's keys are cut into (None: ``tuning.attention.paged_splits``, from the
+    shapes). Runs on the current CUDA stream, with no host synchronisation (CUDA-graph
+    capturable)."""
     if isinstance(cache_seqlens, int):
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -73,6 +82,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
         page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
                                   device=k_cache.device)[:, None]
+    if check_contents:
+        check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.cutetma.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
@@ -91,6 +102,34 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 _PLANS: dict = {}
+
+
+def check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q=None) -> None:
+    """What the kernel trusts but the shapes cannot show (reads the tensors: a host
+    synchronisation): every length in [0, max_pages x page_size], every page id a sequence
+    reads in [0, num_pages), and (varlen) offsets from 0, non-decreasing, ending at
+    total_q."""
+    lens = cache_seqlens.detach().cpu().long()
+    pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    table = page_table.detach().cpu().long()
+    capacity = table.shape[1] * page_size
+    bad = ((lens < 0) | (lens > capacity)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ValueError(f"cache_seqlens[{i}] = {int(lens[i])}: outside [0, {capacity}] "
+                         f"(max_pages {table.shape[1]} x page_size {page_size})")
+    for i, n in enumerate(lens.tolist()):
+        used = table[i, :(n + page_size - 1) // page_size]
+        wrong = ((used < 0) | (used >= pages)).nonzero().flatten().tolist()
+        if wrong:
+            j = wrong[0]
+            raise ValueError(f"page_table[{i}, {j}] = {int(used[j])}: sequence {i} reads it "
+                             f"(length {n}) but the pool has pages 0 .. {pages - 1}")
+    if cu_seqlens_q is not None:
+        cu = cu_seqlens_q.detach().cpu().long()
+        if cu[0] != 0 or (cu[1:] < cu[:-1]).any() or cu[-1] != q.shape[0]:
+            raise ValueError(f"cu_seqlens_q must rise from 0 to total_q = {q.shape[0]}, got "
+                             f"{cu.tolist()[:8]}{' ...' if len(cu) > 8 else ''}")
 
 
 def _plan_key(*args):
