@@ -229,6 +229,36 @@ def compile_gemm(cfg, dtype_name: str = "Float16", out_name: str | None = None,
                            fake_operand(out), clusters, make_fake_stream(), *workspace)
 
 
+def compile_scaled_gemm(cfg, out_name: str = "BFloat16", max_active_clusters: int = 132):
+    """The FP8 GEMM (``HopperGemm.scaled_from_pointers``: e4m3 A (M, K) and B (N, K)
+    K-major, C (M, N), the fp32 scales of ``cfg.scaling``) for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.gemm_sm90 import HopperGemm
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+
+    def pointer(dtype, align=16):
+        return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    clusters = max_active_clusters // (cfg.cluster_m * cfg.cluster_n)
+    workspace = ()
+    if cfg.split_k > 1:
+        tile = cfg.tile_m * cfg.tile_n
+        workspace = (make_fake_tensor(cutlass.Float32, (cute.sym_int32(divisibility=tile),),
+                                      (1,), assumed_align=16),
+                     make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4))
+    if cfg.order_table:
+        order = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+        workspace = (None, None, order)
+    fp8 = cutlass.Float8E4M3FN
+    return dsl.compile_ptx(HopperGemm(cfg).scaled_from_pointers, pointer(fp8), pointer(fp8),
+                           pointer(getattr(cutlass, out_name)), pointer(cutlass.Float32, 4),
+                           pointer(cutlass.Float32, 4), *(cutlass.Int32(128),) * 4,
+                           *(cutlass.Int64(128),) * 3, clusters, make_fake_stream(),
+                           *workspace)
+
+
 @functools.cache
 def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = False):
     """The attention forward for sm_90a against fake (s, d, h, b) tensors of dynamic shape.

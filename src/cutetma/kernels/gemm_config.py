@@ -22,6 +22,8 @@ class GemmConfig:
 
     tile_m: int = 128
     tile_n: int = 256
+    # a k-tile is one 128-byte swizzle span of a row: 64 16-bit elements, or 128 8-bit
+    # ones (FP8); ``ab_bytes`` follows from it
     tile_k: int = 64
     cluster_m: int = 1
     cluster_n: int = 1
@@ -87,6 +89,11 @@ class GemmConfig:
     # previous kernel's tail. Off by default (docs/design.md, "Programmatic dependent
     # launch (off)")
     pdl: bool = False
+    # the FP8 epilogue's scales (e4m3 A and B, ``cutetma.scaled_gemm``): "" none; "tensor":
+    # C = scale_a scale_b (A B^T), two fp32 scalars; "row": C[m, n] = scale_a[m] scale_b[n]
+    # (A B^T)[m, n], fp32 vectors of M and N. Applied to the fp32 accumulator before C's
+    # conversion (split-K's partials are scaled alike: the sum is linear)
+    scaling: str = ""
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -109,8 +116,14 @@ class GemmConfig:
                 self.epi_stages < 1 or (self.schedule == "pingpong" and self.epi_stages % 2)):
             raise ValueError(f"epi_stages={self.epi_stages}: at least 1 (pingpong: an even "
                              "count, half for each warpgroup)")
-        if self.tile_k != 64:
-            raise ValueError("tile_k is 64 (one 128-byte swizzle span of 16-bit data)")
+        if self.tile_k not in (64, 128):
+            raise ValueError("tile_k is one 128-byte swizzle span: 64 (16-bit A and B) or "
+                             "128 (8-bit)")
+        if self.scaling not in ("", "tensor", "row"):
+            raise ValueError(f"scaling={self.scaling!r}: '', 'tensor' or 'row'")
+        if self.scaling and self.tile_k != 128:
+            raise ValueError("scaling is the FP8 epilogue: it needs 8-bit A and B "
+                             "(tile_k=128)")
         if (self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2, 4)
                 or self.cluster_m * self.cluster_n > 8):
             # 8 CTAs is the portable cluster size; cuBLAS runs (2, 4) in our terms at
@@ -191,8 +204,13 @@ class GemmConfig:
         """CTAs that receive each B box (the cluster's column)."""
         return self.cluster_m
 
-    def stage_bytes(self, elem_bytes: int = 2) -> int:
-        return (self.tile_m + self.tile_n) * self.tile_k * elem_bytes
+    @property
+    def ab_bytes(self) -> int:
+        """Bytes of an A or B element: 128 bytes per k-tile row."""
+        return 128 // self.tile_k
+
+    def stage_bytes(self, elem_bytes: int | None = None) -> int:
+        return (self.tile_m + self.tile_n) * self.tile_k * (elem_bytes or self.ab_bytes)
 
     def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
         return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))

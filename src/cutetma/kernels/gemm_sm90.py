@@ -172,13 +172,18 @@ class HopperGemm:
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor,
                  max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream,
                  mPartials: cute.Tensor = None, mFlags: cute.Tensor = None,
-                 mOrder: cute.Tensor = None):
+                 mOrder: cute.Tensor = None, mScaleA: cute.Tensor = None,
+                 mScaleB: cute.Tensor = None):
         """``mPartials`` (fp32 tile slots) and ``mFlags`` (int32, zero before the launch and
         left at zero after it) only with ``stream_k`` (a slot and a flag per CTA) or
         ``split_k`` > 1 (a slot per work unit, a counter per output tile); ``mOrder`` (int32,
-        one packed cluster coordinate per work index) only with ``order_table``."""
+        one packed cluster coordinate per work index) only with ``order_table``;
+        ``mScaleA``, ``mScaleB`` (fp32: one value each, or M and N) only with ``scaling``."""
         cfg = self.cfg
         ab_dtype, c_dtype = mA.element_type, mC.element_type
+        if cutlass.const_expr(ab_dtype.width // 8 != cfg.ab_bytes):
+            raise ValueError(f"tile_k={cfg.tile_k} is a 128-byte span of {cfg.ab_bytes}-byte "
+                             f"elements; A and B are {ab_dtype}")
         a_major = LayoutEnum.from_tensor(mA)
         b_major = LayoutEnum.from_tensor(mB)
         c_major = LayoutEnum.from_tensor(mC)
@@ -221,7 +226,8 @@ class HopperGemm:
         self.epi_buffers = epi_buffers
         self.c_major = c_major
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
-                    sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags, mOrder).launch(
+                    sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags, mOrder,
+                    mScaleA, mScaleB).launch(
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=cfg.pdl)
 
@@ -246,6 +252,26 @@ class HopperGemm:
         mC = cute.make_tensor(pC, cute.make_layout((m, n), stride=(ldc, 1)))
         self(mA, mB, mC, max_active_clusters, stream, mPartials, mFlags, mOrder)
 
+    @cute.jit
+    def scaled_from_pointers(self, pA: cute.Pointer, pB: cute.Pointer, pC: cute.Pointer,
+                             pScaleA: cute.Pointer, pScaleB: cute.Pointer, m: cutlass.Int32,
+                             n: cutlass.Int32, ka: cutlass.Int32, kb: cutlass.Int32,
+                             lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
+                             max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream,
+                             mPartials: cute.Tensor = None, mFlags: cute.Tensor = None,
+                             mOrder: cute.Tensor = None):
+        """``from_pointers`` for FP8 (B K-major: WGMMA reads 8-bit operands K-major only)
+        with the scales: fp32, one value each (``scaling="tensor"``) or M and N contiguous
+        values (``"row"``)."""
+        mA = cute.make_tensor(pA, cute.make_layout((m, ka), stride=(lda, 1)))
+        mB = cute.make_tensor(pB, cute.make_layout((n, kb), stride=(ldb, 1)))
+        mC = cute.make_tensor(pC, cute.make_layout((m, n), stride=(ldc, 1)))
+        rows, cols = (m, n) if cutlass.const_expr(self.cfg.scaling == "row") else (1, 1)
+        mScaleA = cute.make_tensor(pScaleA, cute.make_layout((rows,), stride=(1,)))
+        mScaleB = cute.make_tensor(pScaleB, cute.make_layout((cols,), stride=(1,)))
+        self(mA, mB, mC, max_active_clusters, stream, mPartials, mFlags, mOrder, mScaleA,
+             mScaleB)
+
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
@@ -253,7 +279,8 @@ class HopperGemm:
                mA: cute.Tensor, mB: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams,
-               mPartials: cute.Tensor, mFlags: cute.Tensor, mOrder: cute.Tensor):
+               mPartials: cute.Tensor, mFlags: cute.Tensor, mOrder: cute.Tensor,
+               mScaleA: cute.Tensor, mScaleB: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -313,7 +340,7 @@ class HopperGemm:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                          mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
-                         mOrder, first_entry)
+                         mOrder, first_entry, mScaleA, mScaleB)
 
     @cute.jit
     def _table_entry(self, j, mOrder):
@@ -444,7 +471,7 @@ class HopperGemm:
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags, sTickets, mOrder, first_entry):
+                mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -489,6 +516,8 @@ class HopperGemm:
         gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
+        # (row, column) in the tile of each accumulator value: the row-wise scales' index
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -565,6 +594,8 @@ class HopperGemm:
                 else:
                     loader.consumer_release(pipe, release)
                     release.advance()
+                if cutlass.const_expr(cfg.scaling != ""):
+                    self._scale(acc, tCcC, mScaleA, mScaleB, m, n, mC_tma.shape)
 
                 finish = True
                 if cutlass.const_expr(cfg.stream_k):
@@ -626,6 +657,26 @@ class HopperGemm:
                                           sC, gC, epi_sync, warp, store_warp, epi_bufs)
         if warp == store_warp:
             tma.wait(0)
+
+    @cute.jit
+    def _scale(self, acc, tCcC, mScaleA, mScaleB, m, n, shape_mn):
+        """FP8's dequantisation of tile (m, n)'s fp32 accumulator: by scale_a scale_b
+        ("tensor"), or value (r, c) by scale_a[r] scale_b[c] ("row"; 0 past M or N, whose
+        values are never stored)."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.scaling == "tensor"):
+            both = mScaleA[0] * mScaleB[0]
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] * both
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                r, c = tCcC[i]
+                row = m * cfg.tile_m + r
+                col = n * cfg.tile_n + c
+                factor = cutlass.Float32(0.0)
+                if (row < shape_mn[0]) & (col < shape_mn[1]):
+                    factor = mScaleA[row] * mScaleB[col]
+                acc[i] = acc[i] * factor
 
     @cute.jit
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,

@@ -15,9 +15,11 @@ _NAMES = {
     "compiled": "device", "cute_tensor": "device", "max_active_clusters": "device",
     "sm_count": "device", "stream": "device",
     "AttentionLaunch": "launch", "GemmLaunch": "launch", "PointerLaunch": "launch",
+    "ScaledGemmLaunch": "launch",
     "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
     "paged_attention_launch": "launch",
     "combine_launch": "launch",
+    "scaled_gemm_launch": "launch",
     "split_workspace": "workspace",
 }
 __all__ = sorted(_NAMES)

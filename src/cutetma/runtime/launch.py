@@ -20,7 +20,7 @@ import torch
 from cutetma.runtime.device import cached
 
 _CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32",
-                torch.int32: "Int32"}
+                torch.int32: "Int32", torch.float8_e4m3fn: "Float8E4M3FN"}
 
 
 _CODES = {ctypes.c_void_p: "P", ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_float: "f"}
@@ -100,6 +100,14 @@ class GemmLaunch(PointerLaunch):
              + (ctypes.c_void_p,))
 
 
+class ScaledGemmLaunch(PointerLaunch):
+    """``HopperGemm.scaled_from_pointers``: A, B, C, scale A, scale B; m, n, ka, kb; lda,
+    ldb, ldc; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 5 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))
+
+
 class AttentionLaunch(PointerLaunch):
     """``FlashAttentionSm90.from_pointers``: Q, K, V, O, LSE; batch, s_q, s_k, heads,
     kv heads, head dim; the (seq, head, batch) strides of Q, K, V, O; the softmax scale,
@@ -166,6 +174,34 @@ def gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspac
              "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters), build)
+
+
+def scaled_gemm_launch(c_dtype, cfg, clusters: int, workspace=()):
+    """The FP8 GEMM's ``ScaledGemmLaunch`` (e4m3 A and B, K-major; ``cfg.scaling``),
+    compiled on its first use."""
+
+    def build():
+        from cutetma import dsl
+
+        _, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.gemm_sm90 import HopperGemm
+
+            return cute.compile(HopperGemm(cfg).scaled_from_pointers, *args)
+
+        fp8 = typed_pointer(torch.float8_e4m3fn)
+        args = (fp8, fp8, typed_pointer(c_dtype), typed_pointer(torch.float32, 4),
+                typed_pointer(torch.float32, 4), 1, 1, 1, 1, 1, 1, 1, clusters,
+                make_fake_stream(), *workspace)
+        return ScaledGemmLaunch(cache.load_or_compile(
+            {"entry": "HopperGemm.scaled_from_pointers", "config": repr(cfg),
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("scaled_gemm", c_dtype, cfg, clusters), build)
 
 
 def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:

@@ -1,0 +1,183 @@
+"""The torch face of the FP8 GEMM: ``scaled_gemm`` (validate -> plan -> launch).
+
+It follows ``torch._scaled_mm``'s conventions: ``a`` (M, K) row-major and ``b`` (K, N)
+column-major, both ``torch.float8_e4m3fn`` (WGMMA reads 8-bit operands K-major only, so
+``b.t()`` must be K-major), fp32 scales on the device, either one value each (per tensor)
+or ``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise); C = (scale_a scale_b) (a @ b) in
+``out_dtype``::
+
+    torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+    cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+
+The kernel is the GEMM family's (``HopperGemm``) with 8-bit operands (a k-tile is still one
+128-byte swizzle span: 128 elements, ``GemmConfig.tile_k``) and the scales applied to the
+fp32 accumulator before C's conversion (``GemmConfig.scaling``). The tile comes from the
+16-bit model (``tuning.select_gemm_config``); row-wise scaling keeps tiles at most 128 wide
+(at 256 ptxas spills the epilogue's scale loads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from cutetma import runtime
+from cutetma.kernels.gemm_config import GemmConfig
+from cutetma.ops import (
+    GEMM_OUT_DTYPES,
+    _check_deterministic,
+    _current_stream,
+    _default_config,
+    _gemm_workspace,
+)
+from cutetma.tuning import gemm as tuning
+
+FP8 = torch.float8_e4m3fn
+ROW_SCALING_MAX_TILE_N = 128
+
+
+def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                scale_b: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                load: str = "tma", config: GemmConfig | None = None) -> torch.Tensor:
+    """C = scale_a scale_b (a @ b): ``a`` (M, K), ``b`` (K, N) column-major (``b.t()``
+    contiguous), both e4m3; ``scale_a``, ``scale_b`` fp32 with one element each, or (M, 1)
+    and (1, N); C (M, N) ``out_dtype`` (bf16, fp16 or fp32). ``load``: "tma" or "cp_async"
+    (the same kernel, producer swapped). ``config``: a ``GemmConfig`` with ``tile_k=128``
+    (its ``scaling`` is set from the scales). Runs on the current CUDA stream."""
+    key = _plan_key(a, b, scale_a, scale_b, out_dtype, load, config)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(a, b, scale_a, scale_b, out_dtype, load, config)
+        if key is not None:
+            _PLANS[key] = plan
+    return plan(a, b, scale_a, scale_b)
+
+
+_PLANS: dict = {}
+
+
+def _plan_key(*args):
+    try:
+        key = tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
+                    if isinstance(x, torch.Tensor) else x for x in args)
+        key += (torch.are_deterministic_algorithms_enabled(),)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+@dataclasses.dataclass
+class _ScaledPlan:
+    m: int
+    n: int
+    out_dtype: torch.dtype
+    device: torch.device
+    launch: object = None  # None: nothing to launch (an empty output, or K = 0)
+    cfg: GemmConfig | None = None
+    clusters: int = 0
+    workspace: tuple | None = None  # None: per call (split-K's belongs to the stream)
+
+    def __call__(self, a, b, scale_a, scale_b):
+        per = 16 // self.out_dtype.itemsize  # C's rows padded to 16 bytes (a TMA store)
+        padded = -(-self.n // per) * per
+        out = torch.empty(self.m, padded, dtype=self.out_dtype, device=self.device)
+        out = out[:, :self.n] if padded != self.n else out
+        if self.launch is None:
+            return out.zero_()
+        b_nk = b.t()
+        workspace = self.workspace
+        if workspace is None:
+            workspace = _gemm_workspace(self.cfg, self.m, self.n, self.device, self.clusters)
+        self.launch((a.data_ptr(), b_nk.data_ptr(), out.data_ptr(), scale_a.data_ptr(),
+                     scale_b.data_ptr(), self.m, self.n, a.shape[1], b_nk.shape[1],
+                     a.stride(0), b_nk.stride(0), out.stride(0),
+                     _current_stream(self.device)), workspace)
+        return out
+
+
+def scaling_mode(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int) -> str:
+    """"tensor" (one fp32 value each) or "row" ((M, 1) and (1, N)); anything else raises."""
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+        if s.dtype != torch.float32:
+            raise TypeError(f"{name} has dtype {s.dtype}: the scales are float32")
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        return "tensor"
+    if (tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n)
+            and scale_a.is_contiguous() and scale_b.is_contiguous()):
+        return "row"
+    raise ValueError(f"scales {tuple(scale_a.shape)} and {tuple(scale_b.shape)}: one value "
+                     f"each (per tensor) or contiguous ({m}, 1) and (1, {n}) (row-wise)")
+
+
+def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != FP8:
+            other = " (mixed FP8 formats are not supported)" if t.dtype.itemsize == 1 else ""
+            raise TypeError(f"{name} has dtype {t.dtype}: scaled_gemm takes "
+                            f"torch.float8_e4m3fn{other}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2D, got shape {tuple(t.shape)}")
+    (m, k), (k_b, n) = a.shape, b.shape
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: a (M, K) = {tuple(a.shape)}, b (K, N) = "
+                         f"{tuple(b.shape)}")
+    if out_dtype not in GEMM_OUT_DTYPES:
+        raise TypeError(f"out_dtype {out_dtype}: bfloat16, float16 or float32")
+    mode = scaling_mode(scale_a, scale_b, m, n)
+    if a.stride(1) != 1:
+        raise ValueError(f"a must be row-major (M, K) (strides {a.stride()}): WGMMA reads "
+                         "8-bit operands K-major only")
+    if b.stride(0) != 1:
+        raise ValueError(f"b must be column-major (K, N), b.t() contiguous (strides "
+                         f"{b.stride()}), as torch._scaled_mm takes it: WGMMA reads 8-bit "
+                         "operands K-major only")
+    for name, t, rows in (("a", a, a.stride(0)), ("b", b, b.stride(1))):
+        if rows % 16 or t.data_ptr() % 16:
+            raise ValueError(f"{name}: its K rows must start on 16 bytes (K a multiple of "
+                             f"16, row stride {rows}, base at {t.data_ptr() % 16} mod 16) "
+                             "for TMA")
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: scaled_gemm needs CUDA tensors")
+        if t.device != a.device:
+            raise ValueError(f"{name} is on {t.device}, a on {a.device}: one device")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+    tuning.check_load(load)
+    plan = _ScaledPlan(m, n, out_dtype, a.device)
+    if m == 0 or n == 0 or k == 0:
+        return plan
+    device_index = a.device.index or 0
+    cfg = config or _default_config(m, n, k, load, runtime.sm_count(device_index), True,
+                                    tuning.deterministic_mode())
+    cfg = fp8_config(cfg, mode)
+    _check_deterministic(cfg)
+    plan.cfg = cfg
+    plan.clusters = runtime.max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
+    workspace = _gemm_workspace(cfg, m, n, a.device, plan.clusters)
+    if cfg.split_k == 1 and not cfg.stream_k:
+        plan.workspace = workspace
+    plan.launch = runtime.scaled_gemm_launch(out_dtype, cfg, plan.clusters, workspace)
+    return plan
+
+
+def fp8_config(cfg: GemmConfig, mode: str) -> GemmConfig:
+    """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
+    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise
+    scaling at most ``ROW_SCALING_MAX_TILE_N`` wide."""
+    if mode == "row" and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
+        try:
+            cfg = dataclasses.replace(cfg, tile_n=ROW_SCALING_MAX_TILE_N, epi_n=None)
+        except ValueError:  # a cluster or schedule that needs the wider tile
+            cfg = GemmConfig(tile_m=128, tile_n=ROW_SCALING_MAX_TILE_N, load=cfg.load)
+    return dataclasses.replace(cfg, tile_k=128, scaling=mode, order_table=False)
+
+
+def clear_plans() -> None:
+    _PLANS.clear()

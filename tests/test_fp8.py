@@ -1,0 +1,132 @@
+"""The FP8 GEMM compiled for sm_90a on a CPU machine: e4m3 WGMMA from 128-element k-tiles,
+the scaling epilogue, the configuration's rules, the launch's argument list, and the torch
+face's checks (tests/test_fp8_gpu.py holds the numerical checks on the GPU)."""
+
+import ctypes
+import re
+import shutil
+
+import pytest
+
+from cutetma.kernels import build
+from cutetma.kernels.gemm_config import GemmConfig
+
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+
+
+@pytest.mark.parametrize("scaling,load,tile_n", [("tensor", "tma", 256), ("row", "tma", 128),
+                                                 ("tensor", "cp_async", 128),
+                                                 ("row", "cp_async", 128)])
+def test_fp8_gemm_issues_e4m3_wgmma_from_128_element_k_tiles(scaling, load, tile_n):
+    """A k-tile is one 128-byte span: 128 e4m3 elements, 4 WGMMAs of k = 32; the scales are
+    read in the epilogue only; the producer is TMA boxes or 16-byte cp.async as for 16-bit
+    data."""
+    cfg = GemmConfig(tile_n=tile_n, tile_k=128, scaling=scaling, load=load)
+    ptx = build.compile_scaled_gemm(cfg).ptx
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
+    assert len(wgmma) == 4 and set(wgmma) == {str(min(tile_n, 256))}
+    tma_loads = re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global", ptx)
+    assert bool(tma_loads) == (load == "tma")  # (C leaves by TMA stores either way)
+    assert ("cp.async.cg.shared.global" in ptx) == (load == "cp_async")
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert "C7512" not in log
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
+def test_fp8_stages_count_one_byte_operands():
+    """The same 128-byte k-tile rows as 16-bit data, so an FP8 stage of 128 x 256 is as big
+    as a bf16 one (96 KiB... 48 KiB) and the pipeline as deep."""
+    bf16 = GemmConfig()
+    fp8 = GemmConfig(tile_k=128, scaling="tensor")
+    assert fp8.ab_bytes == 1 and bf16.ab_bytes == 2
+    assert fp8.stage_bytes() == bf16.stage_bytes() == (128 + 256) * 128
+    assert fp8.num_stages(2) == bf16.num_stages(2)
+
+
+def test_fp8_config_rules():
+    with pytest.raises(ValueError, match="tile_k"):
+        GemmConfig(tile_k=32)
+    with pytest.raises(ValueError, match="scaling"):
+        GemmConfig(scaling="block")
+    with pytest.raises(ValueError, match="8-bit"):
+        GemmConfig(scaling="tensor")  # 16-bit k-tiles
+    from cutetma.fp8 import fp8_config
+
+    wide = GemmConfig(tile_n=256)
+    assert fp8_config(wide, "tensor").tile_n == 256
+    row = fp8_config(wide, "row")
+    assert (row.tile_n, row.tile_k, row.scaling, row.order_table) == (128, 128, "row", False)
+
+
+def test_fp8_kernel_refuses_16_bit_operands_with_8_bit_tiles():
+    with pytest.raises(Exception, match="128-byte span"):
+        build.compile_gemm(GemmConfig(tile_k=128), "BFloat16")
+
+
+def test_scaled_launch_args_match_the_dsl():
+    """``runtime.ScaledGemmLaunch`` hands the compiled program the DSL's own argument list:
+    five pointers, four sizes, three 64-bit strides, the stream (checked by value)."""
+    import torch
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import make_ptr
+
+    from cutetma import dsl, runtime
+
+    cutlass, cute = dsl.cutlass()
+    cfg = GemmConfig(tile_n=128, tile_k=128, scaling="row")
+    launch = runtime.scaled_gemm_launch(torch.bfloat16, cfg, 132)
+    ptrs = (0x7F0000000000, 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000)
+    big = 1 << 33
+    values = (*ptrs, 1000, 4097, 256, 256, big + 256, big + 512, big + 4112, 0xABC)
+    ours = launch.args(values)
+
+    def ptr(address, dtype, align=16):
+        return make_ptr(getattr(cutlass, dtype), address, cute.AddressSpace.gmem,
+                        assumed_align=align)
+
+    keep = (ptr(ptrs[0], "Float8E4M3FN"), ptr(ptrs[1], "Float8E4M3FN"),
+            ptr(ptrs[2], "BFloat16"), ptr(ptrs[3], "Float32", 4), ptr(ptrs[4], "Float32", 4))
+    theirs, _ = launch.compiled.generate_execution_args(*keep, *values[5:12],
+                                                        cuda.CUstream(0xABC))
+    assert len(ours) == len(theirs) == 13
+
+    def address(p):
+        return p.value if isinstance(p, ctypes.c_void_p) else int(p)
+
+    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs, strict=True)):
+        kind = runtime.ScaledGemmLaunch.SLOTS[i]
+        assert kind.from_address(address(mine)).value == values[i]
+        assert kind.from_address(address(dsl_arg)).value == values[i], i
+
+
+def test_scaled_gemm_checks_before_launch():
+    """Errors a CPU machine can raise (the dtype, shape, major and scale checks come before
+    the device check)."""
+    import torch
+
+    import cutetma
+
+    fp8 = torch.float8_e4m3fn
+    a = torch.zeros(64, 128).to(fp8)
+    b = torch.zeros(96, 128).to(fp8).t()  # (K, N) column-major, as torch._scaled_mm
+    one = torch.ones(1)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        cutetma.scaled_gemm(a.bfloat16(), b, one, one)
+    with pytest.raises(TypeError, match="mixed FP8"):
+        cutetma.scaled_gemm(a, b.to(torch.float8_e5m2), one, one)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        cutetma.scaled_gemm(a[:, :64], b, one, one)
+    with pytest.raises(ValueError, match="column-major"):
+        cutetma.scaled_gemm(a, b.contiguous(), one, one)
+    with pytest.raises(ValueError, match="row-major"):
+        cutetma.scaled_gemm(a.t().contiguous().t(), b, one, one)
+    with pytest.raises(ValueError, match="16 bytes"):  # K = 120: rows 120 bytes apart
+        cutetma.scaled_gemm(torch.zeros(64, 120).to(fp8), torch.zeros(96, 120).to(fp8).t(),
+                            one, one)
+    with pytest.raises(ValueError, match="row-wise"):
+        cutetma.scaled_gemm(a, b, torch.ones(64), torch.ones(96))
+    with pytest.raises(TypeError, match="float32"):
+        cutetma.scaled_gemm(a, b, one.double(), one)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.scaled_gemm(a, b, torch.ones(64, 1), torch.ones(1, 96))
