@@ -15,7 +15,9 @@ alternating rounds (the card's clock under its power cap drifts with what ran ju
 and those medians are the figures.
 Every kernel's output is checked against cuBLAS before it is timed; a wrong kernel is
 reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``--cells``
-and ``--dtypes`` narrow the grid.
+and ``--dtypes`` narrow the grid. ``--dtypes float8_e4m3fn``: the FP8 cells, a row per
+scaling mode, ``cutetma.scaled_gemm`` (TMA and cp.async) against ``torch._scaled_mm``
+(``gemm_fp8.py``).
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out. The whole grid takes about
 8 minutes on the H200; to stay under a call's limit run ``--dtypes float16 --name gemm_fp16``
 and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU; a
@@ -31,6 +33,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemm_fp8  # noqa: E402
 
 PAPER_NK = [  # Table 1 (c) and (d): (N, K)
     (6144, 4096), (4096, 4096), (14336, 4096), (4096, 14336),
@@ -333,7 +338,11 @@ def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None,
     todo = [(d, c) for d in dtypes for c in cells(quick, only)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
-        rows.append(measure_cell(dtype, *mnk, every=every, mechanisms=mechanisms))
+        if dtype == gemm_fp8.FP8:  # a row per scaling mode (gemm_fp8.py)
+            rows += [gemm_fp8.measure_fp8_cell(*mnk, scaling, bench, alternating_rounds,
+                                               FINAL_ROUNDS) for scaling in gemm_fp8.SCALINGS]
+        else:
+            rows.append(measure_cell(dtype, *mnk, every=every, mechanisms=mechanisms))
         if checkpoint:
             checkpoint(rows)
     return rows
@@ -489,10 +498,12 @@ def main(argv=None):
         rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every,
                    tuple(args.mechanisms))
         extra = {"seconds": round(time.time() - t0)}
-    summary = summarize(rows)
+    sixteen = [r for r in rows if r["dtype"] != gemm_fp8.FP8]
+    summary = {**(summarize(sixteen) if sixteen else {}),
+               **gemm_fp8.summarize_fp8([r for r in rows if r["dtype"] == gemm_fp8.FP8])}
     path = results.write(args.name, rows, out, extra_meta={
         "summary": summary, "complete": True, **extra})
-    plot(rows, out / f"{args.name}.png")
+    plot(sixteen, out / f"{args.name}.png")
     print(f"wrote {path} and {out / f'{args.name}.png'}")
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")

@@ -1,0 +1,101 @@
+"""The FP8 cells of ``benchmarks/gemm.py`` (``--dtypes float8_e4m3fn``): ``cutetma.scaled_gemm``
+with each producer against ``torch._scaled_mm``, per-tensor and row-wise scales, the same
+quantised randn data (amax / 448 scales, as a recipe would set them).
+
+A row per (cell, scaling): ``{M, N, K, dtype: "float8_e4m3fn", scaling, cutetma, tma,
+cp_async, torch_scaled_mm}`` in TFLOP/s (``cutetma``: what the call picks by default, TMA),
+null where a contender cannot run. Every output is checked against torch._scaled_mm's
+before it is timed; times are medians of alternating rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+FP8 = "float8_e4m3fn"
+SCALINGS = ("tensor", "row")
+
+
+def quantised(m: int, n: int, k: int, scaling: str, seed: int = 0):
+    """e4m3 a (M, K), b (K, N) column-major and fp32 scales of the given kind."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a32 = torch.randn(m, k, device="cuda", generator=g)
+    b32 = torch.randn(n, k, device="cuda", generator=g)
+    if scaling == "tensor":
+        sa = (a32.abs().amax() / 448).reshape(1)
+        sb = (b32.abs().amax() / 448).reshape(1)
+        scale_a, scale_b = sa, sb
+    else:
+        sa = a32.abs().amax(1, keepdim=True) / 448  # (M, 1)
+        sb = b32.abs().amax(1, keepdim=True) / 448  # (N, 1)
+        scale_a, scale_b = sa.contiguous(), sb.t().contiguous()
+    a8 = (a32 / sa).to(torch.float8_e4m3fn)
+    b8 = (b32 / sb).to(torch.float8_e4m3fn)
+    return a8, b8.t(), scale_a.float(), scale_b.float()
+
+
+def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_rounds,
+                     rounds: int) -> dict:
+    import torch
+
+    import cutetma
+
+    a, b, scale_a, scale_b = quantised(m, n, k, scaling)
+    flops = 2 * m * n * k
+    row = {"M": m, "N": n, "K": k, "dtype": FP8, "scaling": scaling, "cutetma": None,
+           "tma": None, "cp_async": None, "torch_scaled_mm": None}
+    contenders = {}
+
+    def peer():
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b,
+                                out_dtype=torch.bfloat16)
+
+    try:
+        want = peer().float()
+        contenders["torch_scaled_mm"] = peer
+    except Exception as exc:  # a mode or shape this torch refuses
+        row["torch_scaled_mm_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        want = None
+    for load in ("tma", "cp_async"):
+        def call(load=load):
+            return cutetma.scaled_gemm(a, b, scale_a, scale_b, load=load)
+
+        try:
+            out = call().float()
+        except Exception as exc:
+            row[f"{load}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        if want is not None:
+            rel = (out - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+            if not rel < 2e-2:  # a wrong result is never timed
+                row[f"{load}_error"] = f"rel. max error {rel:.3g} against torch._scaled_mm"
+                continue
+        contenders[load] = call
+    for fn in contenders.values():
+        bench(fn)  # compile and warm outside the rounds
+    times = alternating_rounds(contenders, rounds)
+    row.update({key: flops / statistics.median(ms) / 1e9 for key, ms in times.items()})
+    row["cutetma"] = row["tma"]
+    return row
+
+
+def summarize_fp8(rows) -> dict:
+    """Per scaling: the geomean of cutetma / torch._scaled_mm over M >= 256, and of tma /
+    cp_async over every cell."""
+    import math
+
+    def gmean(values):
+        values = [v for v in values if v]
+        return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+    out = {}
+    for scaling in SCALINGS:
+        mine = [r for r in rows if r.get("scaling") == scaling]
+        out[f"fp8_{scaling}_vs_torch_scaled_mm_M>=256"] = gmean(
+            r["cutetma"] / r["torch_scaled_mm"] for r in mine
+            if r["M"] >= 256 and r.get("cutetma") and r.get("torch_scaled_mm"))
+        out[f"fp8_{scaling}_tma_vs_cp_async"] = gmean(
+            r["tma"] / r["cp_async"] for r in mine if r.get("tma") and r.get("cp_async"))
+    return out
