@@ -352,3 +352,20 @@ def test_candidates_and_specs_name_valid_configurations():
                         (8192, 8192, 8192)]:
             for candidate in gemm.candidates(name, m, n, k):
                 gemm.gemm_config(candidate, m, n, k)
+
+
+def test_fp8_rows_summarize_apart_from_the_16_bit_grid():
+    """The FP8 rows (a row per scaling mode) get their own geomeans: against
+    torch._scaled_mm over M >= 256, and TMA over cp.async; a missing contender is skipped."""
+    import gemm_fp8
+
+    rows = [dict(M=4096, N=4096, K=4096, dtype=gemm_fp8.FP8, scaling="tensor", cutetma=1300.0,
+                 tma=1300.0, cp_async=650.0, torch_scaled_mm=1300.0),
+            dict(M=64, N=4096, K=4096, dtype=gemm_fp8.FP8, scaling="tensor", cutetma=100.0,
+                 tma=100.0, cp_async=100.0, torch_scaled_mm=400.0),
+            dict(M=4096, N=4096, K=4096, dtype=gemm_fp8.FP8, scaling="row", cutetma=None,
+                 tma=None, cp_async=None, torch_scaled_mm=1200.0)]
+    s = gemm_fp8.summarize_fp8(rows)
+    assert s["fp8_tensor_vs_torch_scaled_mm_M>=256"] == 1.0  # the M = 64 row is left out
+    assert abs(s["fp8_tensor_tma_vs_cp_async"] - 2 ** 0.5) < 1e-12
+    assert s["fp8_row_vs_torch_scaled_mm_M>=256"] is None
