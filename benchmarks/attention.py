@@ -1,4 +1,5 @@
 """Attention forward benchmark on the H200: cuDNN and FlashAttention-2 (torch SDPA backends)
+and FlashAttention-4's SM90 forward (``flash_attn.cute``, column ``fa4``, where installed)
 against ours (TMA and cp.async producers), one run, the same randn data.
 
     python benchmarks/attention.py [--quick] [--out DIR]
@@ -20,7 +21,9 @@ other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``).
 ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
 those columns (both dtypes) and cuDNN: an A/B in a few minutes. ``--custom
 NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlens`` and
-``--masks`` narrow the grid.
+``--masks`` narrow the grid; ``--peer-cells`` adds ``PEER_CELLS`` (bf16; GQA rows carry
+``h_kv``), the shapes where FlashAttention-4 led. Every peer is checked against cuDNN's
+output before it is timed.
 Writes ``attention.json`` and ``attention.png`` into --out.
 """
 
@@ -53,6 +56,14 @@ ALT_BLOCKS = {(64, False): (192, 96), (64, True): (192, 96), (256, False): (128,
 # included); ``selection`` keeps the single pass, against which the ablation columns, timed
 # once, are compared.
 FINAL_ROUNDS = 2
+
+
+# the cells where FlashAttention-4's SM90 forward led (``--peer-cells``): (b, s, h, h_kv, d,
+# causal), d = 64, a short odd length (ViT-L/14 at 336 px), long d = 128, GQA, d = 256
+PEER_CELLS = ((8, 2048, 16, 16, 128, False), (8, 2048, 16, 16, 128, True),
+              (2, 8192, 16, 16, 128, False), (2, 8192, 16, 16, 128, True),
+              (1, 8192, 32, 8, 128, True), (4, 4096, 16, 16, 64, False),
+              (32, 577, 16, 16, 64, False), (1, 4096, 16, 8, 256, True))
 
 
 def cells(quick: bool, head_dims=HEAD_DIMS, seqlens=SEQLENS, masks=(False, True)):
@@ -104,11 +115,22 @@ def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
         dtype == "float16" or v[0] in ("tma", "cp_async"))]
 
 
+def fa4():
+    """FlashAttention-4's interface (``flash_attn.cute``: its SM90 forward on the H200), or
+    None with the reason it could not be imported."""
+    try:
+        from flash_attn.cute import interface
+    except Exception as exc:  # not installed, or no GPU it supports
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+    return interface, None
+
+
 def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
-            rounds: int = FINAL_ROUNDS) -> dict:
-    """One cell: cuDNN and FA2 (FA2 not with ``chosen`` or ``custom``), then ours
-    (``variants``), then ``rounds`` alternating rounds of cuDNN and the headline columns
-    (``FINAL_ROUNDS``)."""
+            rounds: int = FINAL_ROUNDS, shape=None) -> dict:
+    """One cell: cuDNN, FA2 and FA4 (the peers not with ``chosen`` or ``custom``), then ours
+    (``variants``), then ``rounds`` alternating rounds of cuDNN, FA4 and the headline
+    columns (``FINAL_ROUNDS``). ``shape``: (b, h, h_kv), else the grid's 16k tokens and
+    h = 2048 / d."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -116,11 +138,16 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
     from cutetma import AttentionConfig
 
     t = getattr(torch, dtype)
-    b, h = TOKENS // s, 2048 // d
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=t) for _ in range(3))
+    b, h, h_kv = shape or (TOKENS // s, 2048 // d, 2048 // d)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=t)
+    k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=t) for _ in range(2))
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
     row = {"dtype": dtype, "d": d, "s": s, "b": b, "h": h, "causal": causal}
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    if h_kv != h:
+        row["h_kv"] = h_kv
+    # SDPA's GQA: the K/V heads repeated (cuDNN and FA2 see MHA of the same numbers)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k.repeat_interleave(h // h_kv, 2),
+                                              v.repeat_interleave(h // h_kv, 2)))
     ref = None
     timed = {}  # column -> (callable, [ms, ...]) for the final rounds
     peers = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))
@@ -136,6 +163,22 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
             row[name] = flops / timed[name][1][0] / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    peer, why = fa4() if chosen is None and not custom else (None, None)
+    if peer is not None:
+        def fa4_call():
+            return peer.flash_attn_func(q, k, v, causal=causal)[0]
+        try:
+            out = fa4_call()
+            err = (out.float() - ref.float()).abs().max().item() if ref is not None else 0.0
+            if err < 2e-2:  # a peer that computes something else is not a peer
+                timed["fa4"] = (fa4_call, [bench(fa4_call)])
+                row["fa4"] = flops / timed["fa4"][1][0] / 1e9
+            else:
+                row["fa4_error"] = f"max |fa4 - sdpa| = {err:.3g}"
+        except Exception as exc:
+            row["fa4_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    elif why:
+        row["fa4_error"] = why
     for load, mechanism, config in variants(dtype, d, causal, chosen, custom):
         if isinstance(config, str):
             config = dict(schedule=config)
@@ -160,8 +203,8 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
         except Exception as exc:
             row[f"{load}_error"] = f"{type(exc).__name__}: {exc}"[:200]
     headline = ("tma", "cp_async") if chosen is None and not custom else tuple(timed)
-    final_rounds(row, timed, [key for key in timed if key in ("cudnn", *headline)], rounds,
-                 flops)
+    final_rounds(row, timed, [key for key in timed if key in ("cudnn", "fa4", *headline)],
+                 rounds, flops)
     return row
 
 
@@ -196,6 +239,10 @@ def summarize(rows) -> dict:
     if both:
         s["geomean_tma_over_cudnn"] = math.exp(statistics.mean(
             math.log(r["tma"] / r["cudnn"]) for r in both))
+    over_fa4 = [r["tma"] / r["fa4"] for r in rows if r.get("tma") and r.get("fa4")]
+    if over_fa4:
+        s["geomean_tma_over_fa4"] = math.exp(statistics.mean(map(math.log, over_fa4)))
+        s["min_tma_over_fa4"] = min(over_fa4)
     mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
     if mech:
         s["median_tma_over_cp_async"] = statistics.median(mech)
@@ -279,6 +326,9 @@ def main(argv=None):
     ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
     ap.add_argument("--masks", choices=("both", "causal", "non-causal"), default="both")
+    ap.add_argument("--peer-cells", action="store_true",
+                    help="also the cells where FlashAttention-4 led (PEER_CELLS: d = 64, "
+                         "s = 577, long d = 128, GQA, d = 256)")
     ap.add_argument("--replot", metavar="JSON",
                     help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
@@ -299,8 +349,16 @@ def main(argv=None):
     todo = [(dtype, c) for c in cells(args.quick, args.head_dims, args.seqlens, masks)
             for dtype in ("float16", "bfloat16")]
     rows = []
-    for dtype, (d, s, causal) in progress(todo, len(todo)):
-        rows.append(measure(dtype, d, s, causal, chosen, args.custom, args.rounds))
+    if args.peer_cells:
+        todo += [("bfloat16", cell) for cell in PEER_CELLS]
+    for dtype, cell in progress(todo, len(todo)):
+        if len(cell) == 3:
+            d, s, causal = cell
+            rows.append(measure(dtype, d, s, causal, chosen, args.custom, args.rounds))
+        else:
+            b, s, h, h_kv, d, causal = cell
+            rows.append(measure(dtype, d, s, causal, chosen, args.custom, args.rounds,
+                                shape=(b, h, h_kv)))
         results.write("attention", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention", rows, out, extra_meta={

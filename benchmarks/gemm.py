@@ -17,7 +17,9 @@ Every kernel's output is checked against cuBLAS before it is timed; a wrong kern
 reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``--cells``
 and ``--dtypes`` narrow the grid. ``--dtypes float8_e4m3fn``: the FP8 cells, a row per
 scaling mode, ``cutetma.scaled_gemm`` (TMA and cp.async) against ``torch._scaled_mm``
-(``gemm_fp8.py``).
+(``gemm_fp8.py``). QuACK's GEMM (``quack.gemm_interface.gemm``, where installed) is timed
+beside cuBLAS in the final rounds (column ``quack``, checked first); ``--peer-cells`` adds
+``PEER_CELLS``, the odd sizes and M <= 128 where QuACK or cuBLAS led.
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out. The whole grid takes about
 8 minutes on the H200; to stay under a call's limit run ``--dtypes float16 --name gemm_fp16``
 and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU; a
@@ -44,6 +46,9 @@ PAPER_NK = [  # Table 1 (c) and (d): (N, K)
     (1536, 5120), (512, 5120), (16384, 512), (24576, 1536), (5120, 16384), (32768, 512),
 ]
 PAPER_M = [16, 64, 256, 512, 2048, 8192]
+# where QuACK or cuBLAS led (``--peer-cells``): odd sizes (the tail wave) and M <= 128
+PEER_CELLS = [(3000, 5000, 3000), (3072, 18944, 3584), (4096, 28672, 4096),
+              (128, 8192, 8192), (32, 8192, 8192), (100, 4096, 4096)]
 SMALL_M = [dict(tile=(64, 128)), dict(tile=(64, 256))]
 LARGE_M = [dict(tile=(128, 256)), dict(tile=(128, 128))]
 MECHANISMS = {  # each mechanism takes the best of its candidates, per cell
@@ -186,10 +191,20 @@ def fitted_widths(m: int, n: int, waves=FIT_WAVES) -> list[int]:
     return sorted({w for w in widths if w and w >= 80})
 
 
-def cells(quick: bool, only=None):
+def quack_gemm():
+    """QuACK's GEMM (``quack.gemm_interface.gemm(A (M, K), B (K, N))``), or None with the
+    reason it could not be imported."""
+    try:
+        from quack.gemm_interface import gemm
+    except Exception as exc:  # not installed, or no GPU it supports
+        return None, f"{type(exc).__name__}: {exc}"[:200]
+    return gemm, None
+
+
+def cells(quick: bool, only=None, peer_cells: bool = False):
     if only:  # "MxNxK" strings
         return [tuple(int(x) for x in cell.split("x")) for cell in only]
-    out = [(8192, 8192, 8192), (4096, 4096, 4096)]
+    out = [(8192, 8192, 8192), (4096, 4096, 4096)] + (PEER_CELLS if peer_cells else [])
     nk = PAPER_NK[:3] if quick else PAPER_NK
     ms = [64, 2048] if quick else PAPER_M
     out += [(m, n, k) for n, k in nk for m in ms]
@@ -320,6 +335,19 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
                                  "split_sum": chosen.split_sum,
                                  "cluster": [chosen.cluster_m, chosen.cluster_n]}
     contenders = {"cublas": lambda: a @ b.T, **finalists}
+    peer, why = quack_gemm()
+    if peer is not None:  # checked like ours: a peer that computes something else is none
+        b_kn = b.T.contiguous()
+        try:
+            rel = (peer(a, b_kn).float() - ref.float()).abs().max().item() / scale
+            if rel < 2e-2:
+                contenders["quack"] = lambda: peer(a, b_kn)
+            else:
+                row["quack_error"] = f"rel. max error {rel:.3g}"
+        except Exception as exc:
+            row["quack_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    else:
+        row["quack_error"] = why
     rel = (cutetma.gemm(a, b).float() - ref.float()).abs().max().item() / scale
     if rel < 2e-2:
         contenders["tma_default"] = lambda: cutetma.gemm(a, b)
@@ -333,9 +361,10 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
 
 
 def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None,
-        every: bool = False, mechanisms=tuple(MECHANISMS)) -> list[dict]:
+        every: bool = False, mechanisms=tuple(MECHANISMS),
+        peer_cells: bool = False) -> list[dict]:
     """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
-    todo = [(d, c) for d in dtypes for c in cells(quick, only)]
+    todo = [(d, c) for d in dtypes for c in cells(quick, only, peer_cells)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
         if dtype == gemm_fp8.FP8:  # a row per scaling mode (gemm_fp8.py)
@@ -385,6 +414,10 @@ def summarize(rows: list[dict]) -> dict:
     if default:
         s["geomean_default_vs_cublas_M>=256"] = gmean(
             r["tma_default"] / r["cublas"] for r in default)
+    with_quack = [r for r in rows if r.get("tma_default") and r.get("quack")]
+    if with_quack:
+        s["geomean_default_vs_quack"] = gmean(r["tma_default"] / r["quack"] for r in with_quack)
+        s["min_default_vs_quack"] = min(r["tma_default"] / r["quack"] for r in with_quack)
     paper = [r for r in rows if (r["N"], r["K"]) in PAPER_NK and r.get("tma")
              and r.get("cp_async")]
     if paper:
@@ -463,6 +496,8 @@ def main(argv=None):
                     help="only these columns of ours (an A/B of builds in less time)")
     ap.add_argument("--tiles", nargs="*", default=[], metavar="MxN",
                     help="also offer TMA these tiles in every cell with M > 64 (an ablation)")
+    ap.add_argument("--peer-cells", action="store_true",
+                    help="also PEER_CELLS: odd sizes and M <= 128, where QuACK or cuBLAS led")
     ap.add_argument("--merge", nargs="*", metavar="JSON",
                     help="no GPU: join the rows of these results files (e.g. one per dtype, "
                          "run in separate calls) into --name, with its summary and plot")
@@ -496,7 +531,7 @@ def main(argv=None):
                                                          "cutlass_dsl")}}
     else:
         rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every,
-                   tuple(args.mechanisms))
+                   tuple(args.mechanisms), args.peer_cells)
         extra = {"seconds": round(time.time() - t0)}
     sixteen = [r for r in rows if r["dtype"] != gemm_fp8.FP8]
     summary = {**(summarize(sixteen) if sixteen else {}),

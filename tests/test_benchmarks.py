@@ -369,3 +369,25 @@ def test_fp8_rows_summarize_apart_from_the_16_bit_grid():
     assert s["fp8_tensor_vs_torch_scaled_mm_M>=256"] == 1.0  # the M = 64 row is left out
     assert abs(s["fp8_tensor_tma_vs_cp_async"] - 2 ** 0.5) < 1e-12
     assert s["fp8_row_vs_torch_scaled_mm_M>=256"] is None
+
+
+def test_peer_columns_summarize_and_peer_cells_join_the_grid():
+    """The peers' geomeans: cutetma's default over QuACK (gemm.py) and TMA over
+    FlashAttention-4 (attention.py); ``--peer-cells`` adds the cells where they led."""
+    import attention
+    import gemm
+
+    rows = [dict(M=4096, N=4096, K=4096, dtype="bfloat16", cublas=700.0, tma=700.0,
+                 tma_default=684.0, quack=718.0),
+            dict(M=3000, N=5000, K=3000, dtype="bfloat16", cublas=600.0, tma=560.0,
+                 tma_default=560.0, quack=600.0)]
+    s = gemm.summarize(rows)
+    assert abs(s["geomean_default_vs_quack"] - ((684 / 718) * (560 / 600)) ** 0.5) < 1e-12
+    assert s["min_default_vs_quack"] == 560 / 600
+    assert set(gemm.PEER_CELLS) <= set(gemm.cells(False, peer_cells=True))
+    assert not set(gemm.PEER_CELLS) & set(gemm.cells(False))
+    rows = [dict(d=128, s=2048, causal=False, tma=600.0, fa4=590.0, cudnn=570.0),
+            dict(d=64, s=577, causal=False, tma=300.0, fa4=345.0, cudnn=366.0)]
+    s = attention.summarize(rows)
+    assert s["min_tma_over_fa4"] == 300 / 345 and 0.9 < s["geomean_tma_over_fa4"] < 1.0
+    assert all(len(cell) == 6 for cell in attention.PEER_CELLS)
