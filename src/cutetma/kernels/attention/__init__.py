@@ -3,8 +3,9 @@
 Modules, as FlashAttention-4's ``flash_attn/cute/`` splits them: ``config``
 (``AttentionConfig`` and the tables its defaults come from), ``scheduler`` (the persistent
 work walk), ``masking``, ``softmax`` (online softmax and O's rescale), ``epilogue`` (O and
-the LSE out), ``kernel`` (``FlashAttentionSm90``: host entry points, producers, consumers)
-and ``combine`` (``SplitCombine``: the paged decode's split_kv merge).
+the LSE out), ``kernel`` (``FlashAttentionSm90``: host entry points, the kernel's warp
+roles), ``producers`` (TMA and cp.async) and ``consumers`` (the key-block loop), the two
+mixins it is made of, and ``combine`` (``SplitCombine``: the paged decode's split_kv merge).
 
 ``load="cp_async"`` swaps only the producer: a warpgroup copies Q, K and V 16 bytes per
 thread into the same swizzled stages (``cutetma.copy.cpasync``, the GEMM's tested path) and

@@ -1,0 +1,289 @@
+"""The producers of ``FlashAttentionSm90``, a mixin (``kernel.py`` holds the class: its host
+entry points, the kernel and the helpers both roles use).
+
+TMA (``produce``): one warp loads Q per tile and K_j, V_j of every key block into the rings
+(paged: a stage as boxes, one per page, the pool's page a coordinate; Q gathered by rows
+where ``gathers_q``). cp.async (``produce_cp_async``): a warpgroup copies the same tiles 16
+bytes a thread into the same swizzled stages (paged: each vector's page looked up). Both
+walk the tiles alike (``_produce_walk``, ``_produce_tile``, ``_produce_kv``).
+"""
+
+from __future__ import annotations
+
+from cutetma import dsl
+from cutetma.copy import cpasync as cpa
+from cutetma.copy import tma
+from cutetma.kernels.attention import scheduler
+from cutetma.kernels.attention.config import WARPGROUP
+
+cutlass, cute = dsl.cutlass()
+
+
+class Producers:
+    @cute.jit
+    def _gathered_q_loader(self, mQ, sQ, m_block, head, batch, q_start, rows, q_full, tidx,
+                           threads: cutlass.Constexpr):
+        """``load_q`` where Q is gathered (``gathers_q``): the tile's rows of Q, 16 bytes per
+        cp.async from each row's own (position, head) (a packed row is no TMA box; a
+        sequence of varlen_q starts at any row), by ``threads`` threads that each arrive on
+        the Q barrier when theirs land. Rows past the tile's are left as they are: their
+        scores are never stored."""
+        cfg = self.cfg
+        q_part = cpa.partition_stage(sQ, (cfg.block_m, cfg.head_dim), tidx, threads, 1)
+        vec = cpa.VECTOR_BYTES * 8 // mQ.element_type.width
+        gQ = self._sequence_rows(mQ[(None, None, head, batch)], q_start)  # (rows, d)
+
+        def load_q(q_stage):
+            def q_vector(row, col):
+                return cute.local_tile(gQ[(m_block * cfg.block_m + row, None)], (vec,),
+                                       (col // vec,))
+
+            cpa.load_gathered(q_part, q_stage, rows - m_block * cfg.block_m, 0, q_vector,
+                              zero_past=False)
+            cute.arch.cp_async_mbarrier_arrive_noinc(q_full + q_stage)
+
+        return load_q
+
+    @cute.jit
+    def produce(self, pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k, mK_tma, tma_v,
+                mV_tma, mQ, sQ, sK, sV, mPageTable, mSeqlensK, items, prob):
+        """One warp, per tile: Q, and K_j and V_j of every key block into the next free stage
+        (the ring runs on across tiles), in ``_produce_tile``'s order. Paged: a stage is
+        ``block_n // kv_box`` boxes, each from the page its keys lie in (the pool's page is a
+        TMA coordinate); all of them complete on the stage's one barrier."""
+        cfg = self.cfg
+        tQsQ, _ = tma.partition(tma_q, sQ, cute.local_tile(
+            mQ_tma[(None, None, 0, 0)], (cfg.block_m, cfg.head_dim), (0, 0)), box_rank=2)
+
+        def tile_loaders(m_block, head, batch, kv_len, q_start, rows):
+            batch_q = 0 if cutlass.const_expr(cfg.varlen_q) else batch  # Q's batch index
+            if cutlass.const_expr(cfg.gathers_q):
+                load_q = self._gathered_q_loader(mQ, sQ, m_block, head, batch_q, q_start, rows,
+                                                 q_full, cute.arch.lane_idx(), 32)
+            else:
+                gQ = cute.local_tile(mQ_tma[(None, None, head, batch)],
+                                     (cfg.block_m, cfg.head_dim), (m_block, 0))
+                _, tQgQ = tma.partition(tma_q, sQ, gQ, box_rank=2)
+
+                def load_q(q_stage):
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_full + q_stage, q_bytes)
+                    cute.copy(tma_q, tQgQ, tQsQ[(None, q_stage)], tma_bar_ptr=q_full + q_stage)
+
+            if cutlass.const_expr(not cfg.paged):
+                gK = cute.local_tile(mK_tma[(None, None, head, batch)],
+                                     (cfg.block_n, cfg.head_dim), (None, 0))
+                gV = cute.local_tile(mV_tma[(None, None, head, batch)],
+                                     (cfg.head_dim, cfg.block_n), (0, None))
+                tKsK, tKgK = tma.partition(tma_k, sK, gK, box_rank=2)
+                tVsV, tVgV = tma.partition(tma_v, sV, gV, box_rank=2)
+
+                def load_k(j, state):
+                    self.loader.load(tma_k, tKgK[(None, j)], tKsK[(None, state.index)],
+                                     pipe_k.producer_get_barrier(state))
+
+                def load_v(j, state):
+                    self.loader.load(tma_v, tVgV[(None, j)], tVsV[(None, state.index)],
+                                     pipe_v.producer_get_barrier(state))
+
+                return load_q, load_k, load_v, None
+
+            # (box, d, box in page, 1, page) and (box, d, box in stage, 1, stage); V the same
+            # with its two leading modes swapped
+            box = cfg.kv_box
+            tKsK, tKgK = tma.partition(
+                tma_k, cute.flat_divide(sK, (box, cfg.head_dim)),
+                cute.flat_divide(mK_tma[(None, None, head, None)], (box, cfg.head_dim)),
+                box_rank=2)
+            tVsV, tVgV = tma.partition(
+                tma_v, cute.flat_divide(sV, (cfg.head_dim, box)),
+                cute.flat_divide(mV_tma[(None, None, head, None)], (cfg.head_dim, box)),
+                box_rank=2)
+
+            def refill(first_box):
+                """Lane l's page: the one holding the tile's box ``first_box + l`` (each lane
+                one page-table load, all 32 at once; the boxes then take theirs by shuffle)."""
+                key = (first_box + cute.arch.lane_idx()) * box
+                page = cutlass.Int32(-1)
+                if key < kv_len:
+                    page = mPageTable[batch, key // cfg.page_size]
+                return page
+
+            def load_k(j, state, pages, first_box):
+                for i in cutlass.range_constexpr(cfg.block_n // box):
+                    page, at = self._page_of(pages, first_box, j * (cfg.block_n // box) + i)
+                    self.loader.load(tma_k, tKgK[(None, at, 0, page)],
+                                     tKsK[(None, i, 0, state.index)],
+                                     pipe_k.producer_get_barrier(state))
+
+            def load_v(j, state, pages, first_box):
+                for i in cutlass.range_constexpr(cfg.block_n // box):
+                    page, at = self._page_of(pages, first_box, j * (cfg.block_n // box) + i)
+                    self.loader.load(tma_v, tVgV[(None, 0, at, page)],
+                                     tVsV[(None, 0, i, state.index)],
+                                     pipe_v.producer_get_barrier(state))
+
+            return load_q, load_k, load_v, refill
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
+
+    @cute.jit
+    def _page_of(self, pages, first_box, g):
+        """(pool page, box index inside it) of the tile's box ``g`` (keys g * kv_box ..),
+        from lane g - first_box's cached page (``refill``): -1 past the sequence's keys, an
+        out-of-range TMA coordinate, so the box lands as zeros (its bytes still count) and
+        no page-table entry past the sequence is trusted."""
+        page = cute.arch.shuffle_sync(pages, g - first_box)
+        return page, (g * self.cfg.kv_box % self.cfg.page_size) // self.cfg.kv_box
+
+    @cute.jit
+    def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
+                         mPageTable, mSeqlensK, items, prob):
+        """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
+        cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
+        land. Key rows past s_k are zeros in V (P is 0 there, and 0 * garbage can be NaN);
+        in K they are masked. Paged: each 16-byte vector's source row is looked up in the
+        page table (the paper's cp.async-paged variant)."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+
+        def tile_loaders(m_block, head, batch, kv_len, q_start, rows):
+            batch_q = 0 if cutlass.const_expr(cfg.varlen_q) else batch  # Q's batch index
+            if cutlass.const_expr(cfg.gathers_q):
+                load_q = self._gathered_q_loader(mQ, sQ, m_block, head, batch_q, q_start, rows,
+                                                 q_full, tidx, WARPGROUP)
+            else:
+                gQ = mQ[(None, None, head, batch)]  # (s_q, d)
+                q_part = cpa.partition_operand(gQ, sQ, (cfg.block_m, cfg.head_dim), tidx,
+                                               WARPGROUP)
+
+                def load_q(q_stage):
+                    cpa.load_tile(q_part, m_block, 0, q_stage, gQ.shape,
+                                  (cfg.block_m, cfg.head_dim))
+                    self.loader.commit(q_full + q_stage)
+
+            if cutlass.const_expr(not cfg.paged):
+                gK = mK[(None, None, head, batch)]  # (s_k, d)
+                gVt = mVt[(None, None, head, batch)]  # (d, s_k)
+                k_part = cpa.partition_operand(gK, sK, (cfg.block_n, cfg.head_dim), tidx,
+                                               WARPGROUP)
+                v_part = cpa.partition_operand(gVt, sV, (cfg.head_dim, cfg.block_n), tidx,
+                                               WARPGROUP)
+
+                def load_k(j, state):
+                    cpa.load_tile(k_part, j, 0, state.index, gK.shape,
+                                  (cfg.block_n, cfg.head_dim))
+
+                def load_v(j, state):
+                    cpa.load_tile(v_part, 0, j, state.index, gVt.shape,
+                                  (cfg.head_dim, cfg.block_n))
+
+                return load_q, load_k, load_v, None
+
+            k_part = cpa.partition_stage(sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP, 1)
+            v_part = cpa.partition_stage(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 0)
+            vec = cpa.VECTOR_BYTES * 8 // mK.element_type.width
+            size = cfg.page_size
+
+            def load_k(j, state):
+                def key_vector(row, col):  # row: a key of block j; col: a d offset
+                    key = j * cfg.block_n + row
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mK[(key % size, None, head, page)], (vec,),
+                                           (col // vec,))
+
+                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
+                                  key_vector, zero_past=False)
+
+            def load_v(j, state):
+                def value_vector(row, col):  # row: a d offset; col: a key of block j
+                    key = j * cfg.block_n + col
+                    page = mPageTable[batch, key // size]
+                    return cute.local_tile(mVt[(None, key % size, head, page)], (vec,),
+                                           (row // vec,))
+
+                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
+                                  value_vector, zero_past=True)
+
+            return load_q, load_k, load_v, None
+
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
+
+    @cute.jit
+    def _produce_walk(self, pipe_k, pipe_v, q_empty, mSeqlensK, items, prob,
+                      tile_loaders: cutlass.Constexpr):
+        """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
+        head, batch, keys)`` gives that tile's (load_q, load_k, load_v), traced once inside the
+        iteration, so what they capture is this tile's; the ring position is carried as a
+        plain count of key blocks (``_ring``), then the rings' tails."""
+        cfg = self.cfg
+        local = cutlass.Int32(0)  # tiles this CTA has done
+        done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
+        for k in cutlass.range(scheduler.my_item_count(cfg, items), unroll=1):
+            worker, workers = scheduler.worker()
+            item = worker + k * workers
+            for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
+                m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
+                                                                    prob.heads, prob.batches)
+                kv_len = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
+                q_start, seqlen_q, rows = self._tile_queries(batch, prob)
+                load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len,
+                                                              q_start, rows)
+                lo, hi = self._key_range(m_block, split, kv_len, prob, seqlen_q, rows)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, lo, hi, load_q,
+                                   load_k, load_v, refill)
+                done += hi - lo
+                local += 1
+        pipe_k.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True))
+
+    @cute.jit
+    def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, lo, hi,
+                      load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
+                      load_v: cutlass.Constexpr, refill: cutlass.Constexpr):
+        """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
+        need only a free stage, so they overlap the consumers' last blocks of the previous
+        tile), then Q once the consumers have finished reading the Q that buffer held before
+        (q empty: the previous tile's, or with two buffers the one before), then the
+        remaining key blocks (blocks lo .. hi - 1)."""
+        first = cutlass.min(hi - lo, 1)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), lo, lo + first, load_k,
+                         load_v, refill)
+        q_stage, q_phase = self._q_slot(local)
+        if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
+            cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
+        load_q(q_stage)
+        self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), lo + first,
+                         hi, load_k, load_v, refill)
+
+    @cute.jit
+    def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
+                    load_v: cutlass.Constexpr, refill: cutlass.Constexpr = None):
+        """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
+        ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
+        a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
+        ring position of block ``start`` (the same in both rings); the caller rebuilds its own
+        from counts (``_ring``). Paged TMA (``refill``): the warp keeps the pages of 32 boxes
+        in its lanes, refilled when a block's boxes run past them, so a box costs a shuffle,
+        not a dependent page-table load."""
+        boxes = self.cfg.block_n // self.cfg.kv_box  # boxes per block
+        pages = cutlass.Int32(-1)
+        first_box = cutlass.Int32(-64)  # no box is cached yet
+        for j in cutlass.range(start, stop, unroll=1):
+            if cutlass.const_expr(refill is not None):
+                if j * boxes + boxes > first_box + 32:
+                    first_box = j * boxes
+                    pages = refill(first_box)
+            pipe_k.producer_acquire(state)
+            if cutlass.const_expr(refill is not None):
+                load_k(j, state, pages, first_box)
+            else:
+                load_k(j, state)
+            pipe_k.producer_commit(state)
+            pipe_v.producer_acquire(state)
+            if cutlass.const_expr(refill is not None):
+                load_v(j, state, pages, first_box)
+            else:
+                load_v(j, state)
+            pipe_v.producer_commit(state)
+            state.advance()
