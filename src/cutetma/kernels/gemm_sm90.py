@@ -49,9 +49,12 @@ the hand-over differ::
                  mFlags: split-K a ticket counter per tile, stream-K a ready flag per CTA
                  (zero before a launch, zero after it: whoever reads one resets it)
 
-Constraints: fp16 / bf16 inputs, fp32 accumulation, fp16 / bf16 / fp32 output; A K-major,
-B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64 to 384
-(past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole), K-tile 64;
+The fp32 partials' hand-over lives in ``gemm_partials.py`` (``PartialSums``, a mixin).
+
+Constraints: fp16 / bf16 inputs (K-tile 64) or e4m3 (K-tile 128, both K-major, scaled by
+``GemmConfig.scaling`` on the accumulator), fp32 accumulation, fp16 / bf16 / fp32 output; A
+K-major, B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64
+to 384 (past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole);
 cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only); K and
 the contiguous dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K
 need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
@@ -66,6 +69,7 @@ from cutetma.copy import loader as loaders
 from cutetma.copy import tma
 from cutetma.kernels.barriers import GemmBarrier
 from cutetma.kernels.gemm_config import GemmConfig, mma_n
+from cutetma.kernels.gemm_partials import PartialSums
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
@@ -163,7 +167,7 @@ def stream_k_unit(j, cta, ctas, tiles, k_tiles):
     return tile, k0, kn, valid, writer, first_peer, peers
 
 
-class HopperGemm:
+class HopperGemm(PartialSums):
     def __init__(self, config: GemmConfig):
         self.cfg = config
         self.loader = loaders.make_loader(config.load)
@@ -709,128 +713,3 @@ class HopperGemm:
             tma.commit()
             tma.wait(epi_bufs - 1)  # the buffer written next is free again
         epi_sync.arrive_and_wait()
-
-    @staticmethod
-    def _partial_views(acc, mPartials, tid, threads):
-        """The accumulator and the workspace's tile slots as matching views: value ``4 i + e``
-        of thread ``tid`` at offset ``4 (i threads + tid) + e`` of a slot, so each thread
-        moves 16 bytes at a time, a warp whole 512-byte runs, and the thread ``tid`` of any
-        CTA holds the same tile positions. ``slots[(None, i, slot)]``: 4 values."""
-        n4 = cute.size(acc) // 4
-        tile = cute.size(acc) * threads
-        regs = cute.make_tensor(acc.iterator, cute.make_layout((4, n4)))
-        slots = cute.make_tensor(mPartials.iterator, cute.make_layout(
-            (4, threads, n4, cute.size(mPartials) // tile), stride=(1, 4, 4 * threads, tile)))
-        return regs, slots[(None, tid, None, None)]
-
-    @cute.jit
-    def _store_partial(self, acc, mPartials, slot, tid, threads):
-        regs, slots = self._partial_views(acc, mPartials, tid, threads)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.autovec_copy(regs[(None, i)], slots[(None, i, slot)])
-
-    @cute.jit
-    def _add_partial(self, acc, mPartials, slot, tid, threads):
-        regs, slots = self._partial_views(acc, mPartials, tid, threads)
-        part = cute.make_rmem_tensor((4,), cutlass.Float32)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.autovec_copy(slots[(None, i, slot)], part)
-            for e in cutlass.range_constexpr(4):
-                regs[e, i] = regs[e, i] + part[e]
-
-    @cute.jit
-    def _reduce_partial(self, acc, mPartials, slot, tid, threads):
-        """``split_sum="atomic"``: the accumulator added into workspace slot ``slot``, 16 bytes
-        per atomic (red.global.add.v4.f32: L2 does the adds, nothing comes back)."""
-        regs, slots = self._partial_views(acc, mPartials, tid, threads)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.arch.red(slots[(None, i, slot)].iterator, regs[(None, i)].load().ir_value(),
-                          op="add", dtype="f32", sem="relaxed", scope="gpu")
-
-    @cute.jit
-    def _take_sum(self, acc, mPartials, slot, tid, threads):
-        """``split_sum="atomic"``, the tile's last unit: the accumulator becomes the slot's sum
-        of every unit's partial, and the slot goes back to zero for the next launch."""
-        regs, slots = self._partial_views(acc, mPartials, tid, threads)
-        zeros = cute.make_rmem_tensor((4,), cutlass.Float32)
-        zeros.fill(0.0)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            cute.autovec_copy(slots[(None, i, slot)], regs[(None, i)])
-            cute.autovec_copy(zeros, slots[(None, i, slot)])
-
-    @cute.jit
-    def _sum_partials(self, acc, mPartials, first_slot, tid, threads):
-        """The accumulator becomes the sum of the tile's ``split_k`` slots in slot order, its
-        own slot included. No branch on which slice this is: every load sits in one basic
-        block, so ptxas can keep them in flight together (skipping the own slot took a
-        branch per slice, and each slice's loads became a round trip of their own), and the
-        sum is the same whichever slice arrived last (bitwise reproducible)."""
-        regs, slots = self._partial_views(acc, mPartials, tid, threads)
-        part = cute.make_rmem_tensor((4,), cutlass.Float32)
-        for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
-            for s in cutlass.range_constexpr(self.cfg.split_k):
-                cute.autovec_copy(slots[(None, i, first_slot + s)], part)
-                for e in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(s == 0):
-                        regs[e, i] = part[e]
-                    else:
-                        regs[e, i] = regs[e, i] + part[e]
-
-    @cute.jit
-    def _leave_partial(self, acc, mPartials, mFlags, tid, threads, sync):
-        """A stream-K writer: the accumulator into workspace slot ``blockIdx.x``, then the
-        slot's flag (release, after every consumer thread's stores)."""
-        cta = cute.arch.block_idx()[0]
-        self._store_partial(acc, mPartials, cta, tid, threads)
-        sync.arrive_and_wait()
-        if tid == 0:
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.store(mFlags.iterator + cta, cutlass.Int32(1), sem="release", scope="gpu")
-
-    @cute.jit
-    def _take_partial(self, acc, mPartials, mFlags, peer, tid, threads, sync):
-        """A stream-K owner: wait for ``peer``'s flag (acquire), reset it for the next
-        launch, and add the peer's partial into the accumulator."""
-        if tid == 0:
-            flag = cute.arch.load(mFlags.iterator + peer, cutlass.Int32, sem="acquire",
-                                  scope="gpu")
-            while flag == 0:
-                flag = cute.arch.load(mFlags.iterator + peer, cutlass.Int32, sem="acquire",
-                                      scope="gpu")
-            mFlags[peer] = cutlass.Int32(0)
-        sync.arrive_and_wait()
-        self._add_partial(acc, mPartials, peer, tid, threads)
-
-    @cute.jit
-    def _split_k_finish(self, acc, mPartials, mCounters, sTickets, tile, split, team, tid,
-                        threads, sync):
-        """Split-K after a unit's mainloop: store the partial in slot ``tile * split_k +
-        split`` (``split_sum="atomic"``: add it into slot ``tile``), then (one thread, after
-        everyone's stores, acq_rel) take a ticket from the tile's counter. The unit with the
-        last ticket sums every slice's partial (its own included, in slot order:
-        ``_sum_partials``; atomic: reads the one slot and zeroes it, ``_take_sum``) and
-        returns True (it stores the tile), resetting the counter for the next launch; the
-        others return False. No unit waits for another, so no order of CTAs on the SMs (a
-        later wave, another kernel beside this one) can stall it."""
-        slices = self.cfg.split_k
-        atomic = self.cfg.split_sum == "atomic"
-        if cutlass.const_expr(atomic):
-            self._reduce_partial(acc, mPartials, tile, tid, threads)
-        else:
-            self._store_partial(acc, mPartials, tile * slices + split, tid, threads)
-        sync.arrive_and_wait()
-        if tid == 0:
-            cute.arch.fence_acq_rel_gpu()
-            ticket = cute.arch.atomic_add(mCounters.iterator + tile, cutlass.Int32(1),
-                                          sem="acq_rel", scope="gpu")
-            if ticket == slices - 1:
-                mCounters[tile] = cutlass.Int32(0)
-            sTickets[team] = ticket
-        sync.arrive_and_wait()
-        last = sTickets[team] == slices - 1
-        if last:
-            if cutlass.const_expr(atomic):
-                self._take_sum(acc, mPartials, tile, tid, threads)
-            else:
-                self._sum_partials(acc, mPartials, tile * slices, tid, threads)
-        return last
