@@ -123,104 +123,89 @@ def checked(columns: dict, want, row: dict) -> dict:
     return kept
 
 
-def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:
+def paged_problem(dtype: str, b: int, s_q: int, context: int, h: int, h_kv: int, d: int,
+                  page_size: int, seed: int):
+    """randn q (b, s_q, h, d) and dense K, V (b, context, h_kv, d), the K/V scattered over a
+    shuffled pool (``paged_copy``), every sequence's cache ``context`` keys long."""
     import torch
 
+    t = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
+    k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
+    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
+    lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
+    return q, k, v, k_cache, v_cache, table, lens
+
+
+def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False) -> dict:
+    """The row's columns: ``cutetma.attention_with_kvcache`` with each of ``loads``, our
+    dense kernel, FA4's paged call (and with ``fa4_dense`` its dense one)."""
     import cutetma
 
-    t = getattr(torch, dtype)
-    p = PREFILL
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(p["b"], p["s"], p["h"], p["d"], device="cuda", dtype=t)
-    k, v = (torch.randn(p["b"], p["s"], p["h_kv"], p["d"], device="cuda", dtype=t)
-            for _ in range(2))
-    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
-    lens = torch.full((p["b"],), p["s"], dtype=torch.int32, device="cuda")
-    row = {"phase": "prefill", "dtype": dtype, "causal": causal, "page_size": page_size,
-           **p, "s_q": p["s"], "ctx": p["s"], "unit": "TFLOP/s"}
+    q, k, v, k_cache, v_cache, table, lens = problem
     columns = {
         load: (lambda load=load: cutetma.attention_with_kvcache(
             q, k_cache, v_cache, lens, table, causal=causal, load=load))
-        for load in ("tma", "cp_async")}
+        for load in loads}
     columns["dense"] = lambda: cutetma.attention(q, k, v, causal=causal)
     peer, why = fa4()
     if peer is not None:
         columns["fa4"] = lambda: peer.flash_attn_varlen_func(
             q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=causal)[0]
-        columns["fa4_dense"] = lambda: peer.flash_attn_func(q, k, v, causal=causal)[0]
+        if fa4_dense:
+            columns["fa4_dense"] = lambda: peer.flash_attn_func(q, k, v, causal=causal)[0]
     else:
         row["fa4_error"] = why
+    return columns
+
+
+def timed_row(problem, causal: bool, loads, row: dict, work: float, rounds: int,
+              fa4_dense: bool = False) -> dict:
+    """Every column checked against our dense kernel, then timed (``work`` per ms)."""
+    import cutetma
+
+    q, k, v = problem[:3]
     want = cutetma.attention(q, k, v, causal=causal)
-    flops = 4 * p["b"] * p["h"] * p["s"] ** 2 * p["d"] / (2 if causal else 1)
-    time_columns(checked(columns, want, row), row, flops / 1e9, rounds)
+    columns = contenders(problem, causal, loads, row, fa4_dense)
+    time_columns(checked(columns, want, row), row, work, rounds)
     return row
+
+
+def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:
+    p = PREFILL
+    problem = paged_problem(dtype, p["b"], p["s"], p["s"], p["h"], p["h_kv"], p["d"],
+                            page_size, seed=0)
+    row = {"phase": "prefill", "dtype": dtype, "causal": causal, "page_size": page_size,
+           **p, "s_q": p["s"], "ctx": p["s"], "unit": "TFLOP/s"}
+    flops = 4 * p["b"] * p["h"] * p["s"] ** 2 * p["d"] / (2 if causal else 1)
+    return timed_row(problem, causal, ("tma", "cp_async"), row, flops / 1e9, rounds,
+                     fa4_dense=True)
 
 
 def chunked_row(dtype: str, page_size: int, rounds: int) -> dict:
     """s_q new queries of each sequence against its whole cache (theirs at its end), causal:
     query i sees context - s_q + i + 1 keys; FLOPs 4 h d per (query, visible key)."""
-    import torch
-
-    import cutetma
-
-    t = getattr(torch, dtype)
     b, s_q, context = CHUNKED
     h, h_kv, d = PREFILL["h"], PREFILL["h_kv"], PREFILL["d"]
-    g = torch.Generator().manual_seed(2)
-    q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
-    k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
-    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
-    lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
+    problem = paged_problem(dtype, b, s_q, context, h, h_kv, d, page_size, seed=2)
     row = {"phase": "chunked", "dtype": dtype, "causal": True, "page_size": page_size, "b": b,
            "s": context, "ctx": context, "s_q": s_q, "h": h, "h_kv": h_kv, "d": d,
            "unit": "TFLOP/s"}
-    columns = {
-        load: (lambda load=load: cutetma.attention_with_kvcache(
-            q, k_cache, v_cache, lens, table, causal=True, load=load))
-        for load in ("tma", "cp_async", "auto")}
-    columns["dense"] = lambda: cutetma.attention(q, k, v, causal=True)
-    peer, why = fa4()
-    if peer is not None:
-        columns["fa4"] = lambda: peer.flash_attn_varlen_func(
-            q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=True)[0]
-    else:
-        row["fa4_error"] = why
-    want = cutetma.attention(q, k, v, causal=True)
     keys = s_q * (context - s_q) + s_q * (s_q + 1) // 2
-    time_columns(checked(columns, want, row), row, 4 * b * h * d * keys / 1e9, rounds)
-    return row
+    return timed_row(problem, True, ("tma", "cp_async", "auto"), row,
+                     4 * b * h * d * keys / 1e9, rounds)
 
 
 def decode_row(dtype: str, b: int, context: int, page_size: int, rounds: int) -> dict:
-    import torch
-
-    import cutetma
-
-    t = getattr(torch, dtype)
     h, h_kv, d = 32, 8, 128
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(b, 1, h, d, device="cuda", dtype=t)
-    k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
-    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
-    lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
+    problem = paged_problem(dtype, b, 1, context, h, h_kv, d, page_size, seed=1)
     row = {"phase": "decode", "dtype": dtype, "causal": True, "page_size": page_size,
            "b": b, "s": context, "ctx": context, "s_q": 1, "h": h, "h_kv": h_kv, "d": d,
            "unit": "TB/s", "ceiling_tbps": read_ceiling_tbps()}
-    columns = {
-        load: (lambda load=load: cutetma.attention_with_kvcache(
-            q, k_cache, v_cache, lens, table, causal=True, load=load))
-        for load in ("tma", "cp_async", "auto")}
-    columns["dense"] = lambda: cutetma.attention(q, k, v, causal=True)
-    peer, why = fa4()
-    if peer is not None:
-        columns["fa4"] = lambda: peer.flash_attn_varlen_func(
-            q, k_cache, v_cache, seqused_k=lens, page_table=table, causal=True)[0]
-    else:
-        row["fa4_error"] = why
-    want = cutetma.attention(q, k, v, causal=True)
-    kv_bytes = 2 * b * context * h_kv * d * k.element_size()
-    time_columns(checked(columns, want, row), row, kv_bytes / 1e9, rounds)  # TB/s
-    return row
+    kv_bytes = 2 * b * context * h_kv * d * problem[1].element_size()
+    return timed_row(problem, True, ("tma", "cp_async", "auto"), row, kv_bytes / 1e9,
+                     rounds)  # TB/s
 
 
 def summarize(rows) -> dict:
