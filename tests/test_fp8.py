@@ -16,7 +16,9 @@ needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs pt
 
 @pytest.mark.parametrize("scaling,load,tile_n", [("tensor", "tma", 256), ("row", "tma", 128),
                                                  ("tensor", "cp_async", 128),
-                                                 ("row", "cp_async", 128)])
+                                                 ("row", "cp_async", 128),
+                                                 ("block", "tma", 128),
+                                                 ("block", "cp_async", 128)])
 def test_fp8_gemm_issues_e4m3_wgmma_from_128_element_k_tiles(scaling, load, tile_n):
     """A k-tile is one 128-byte span: 128 e4m3 elements, 4 WGMMAs of k = 32; the scales are
     read in the epilogue only; the producer is TMA boxes or 16-byte cp.async as for 16-bit
@@ -48,7 +50,9 @@ def test_fp8_config_rules():
     with pytest.raises(ValueError, match="tile_k"):
         GemmConfig(tile_k=32)
     with pytest.raises(ValueError, match="scaling"):
-        GemmConfig(scaling="block")
+        GemmConfig(scaling="blockwise")
+    with pytest.raises(ValueError, match="128-column scale block"):
+        GemmConfig(tile_k=128, scaling="block", tile_n=256)
     with pytest.raises(ValueError, match="8-bit"):
         GemmConfig(scaling="tensor")  # 16-bit k-tiles
     from cutetma.fp8 import fp8_config
@@ -57,6 +61,10 @@ def test_fp8_config_rules():
     assert fp8_config(wide, "tensor").tile_n == 256
     row = fp8_config(wide, "row")
     assert (row.tile_n, row.tile_k, row.scaling, row.order_table) == (128, 128, "row", False)
+    for tile_n, schedule, want in ((256, "cooperative", 128), (96, "cooperative", 128),
+                                   (64, "cooperative", 64), (128, "pingpong", 128)):
+        block = fp8_config(GemmConfig(tile_n=tile_n, schedule=schedule), "block")
+        assert (block.tile_n, block.schedule, block.scaling) == (want, "cooperative", "block")
 
 
 def test_fp8_kernel_refuses_16_bit_operands_with_8_bit_tiles():
@@ -126,6 +134,8 @@ def test_scaled_gemm_checks_before_launch():
                             one, one)
     with pytest.raises(ValueError, match="row-wise"):
         cutetma.scaled_gemm(a, b, torch.ones(64), torch.ones(96))
+    with pytest.raises(ValueError, match="blockwise"):  # K = 128: one K block, N = 96: one
+        cutetma.scaled_gemm(a, b, torch.ones(64, 2), torch.ones(1, 1))
     with pytest.raises(TypeError, match="float32"):
         cutetma.scaled_gemm(a, b, one.double(), one)
     with pytest.raises(ValueError, match="CUDA"):

@@ -8,9 +8,9 @@ pytestmark = pytest.mark.gpu
 
 
 def quantised(m, n, k, mode, seed=0):
-    """e4m3 a (M, K) and b (K, N) column-major from randn, with per-tensor or row-wise
-    scales (amax / 448, as a recipe would), and the fp32 reference of the dequantised
-    product."""
+    """e4m3 a (M, K) and b (K, N) column-major from randn, with per-tensor, row-wise or
+    blockwise scales (amax / 448, as a recipe would), and the fp32 reference of the
+    dequantised product."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -23,6 +23,18 @@ def quantised(m, n, k, mode, seed=0):
         b8 = (b32 / sb).to(torch.float8_e4m3fn)
         scale_a, scale_b = sa.float(), sb.float()
         ref = (a8.float() * sa) @ (b8.float() * sb).t()
+    elif mode == "block":  # DeepSeek-V3: a row's 128 values of K; B's 128 x 128 blocks
+        kb, nb = -(-k // 128), -(-n // 128)
+        pad_a = torch.nn.functional.pad(a32, (0, kb * 128 - k)).view(m, kb, 128)
+        sa = pad_a.abs().amax(2) / 448 + 1e-12  # (M, KB)
+        pad_b = torch.nn.functional.pad(b32, (0, kb * 128 - k, 0, nb * 128 - n))
+        sb = pad_b.view(nb, 128, kb, 128).abs().amax((1, 3)) / 448 + 1e-12  # (NB, KB)
+        sa_full = sa.repeat_interleave(128, 1)[:, :k]
+        sb_full = sb.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+        a8 = (a32 / sa_full).to(torch.float8_e4m3fn)
+        b8 = (b32 / sb_full).to(torch.float8_e4m3fn)
+        scale_a, scale_b = sa.float().contiguous(), sb.float().contiguous()
+        ref = (a8.float() * sa_full) @ (b8.float() * sb_full).t()
     else:
         sa = a32.abs().amax(1, keepdim=True) / 448  # (M, 1)
         sb = b32.abs().amax(1, keepdim=True) / 448  # (N, 1)
@@ -45,22 +57,25 @@ def check(m, n, k, mode, out_dtype="bfloat16", load="tma"):
     assert out.shape == (m, n) and out.dtype == t
     assert not out.isnan().any()
     err = (out.float() - ref).abs().max().item()
-    try:
-        peer = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=t)
-        peer_err = (peer.float() - ref).abs().max().item()
-    except (RuntimeError, NotImplementedError):  # a shape or mode this torch refuses
-        peer_err = (ref.to(t).float() - ref).abs().max().item()
+    rounding = (ref.to(t).float() - ref).abs().max().item()  # C's own rounding
+    peer_err = rounding
+    if mode != "block":  # torch's blockwise scales are laid out its own way: not compared
+        try:
+            peer = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=t)
+            peer_err = max((peer.float() - ref).abs().max().item(), rounding)
+        except (RuntimeError, NotImplementedError):  # a shape this torch refuses
+            pass
     bound = 2 * peer_err + 1e-3 * ref.abs().max().item()
     assert err <= bound, f"error {err:.3g} > {bound:.3g} (torch._scaled_mm: {peer_err:.3g})"
 
 
-@pytest.mark.parametrize("mode", ["tensor", "row"])
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_square(mode, load):
     check(1024, 1024, 1024, mode, load=load)
 
 
-@pytest.mark.parametrize("mode", ["tensor", "row"])
+@pytest.mark.parametrize("mode", ["tensor", "row", "block"])
 @pytest.mark.parametrize("m,n,k", [(100, 72, 256), (16, 4096, 4096), (3000, 5000, 512),
                                    (128, 8192, 1024), (257, 129, 4096)])
 def test_odd_and_skinny_shapes(mode, m, n, k):

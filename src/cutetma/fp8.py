@@ -2,18 +2,22 @@
 
 It follows ``torch._scaled_mm``'s conventions: ``a`` (M, K) row-major and ``b`` (K, N)
 column-major, both ``torch.float8_e4m3fn`` (WGMMA reads 8-bit operands K-major only, so
-``b.t()`` must be K-major), fp32 scales on the device, either one value each (per tensor)
-or ``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise); C = (scale_a scale_b) (a @ b) in
-``out_dtype``::
+``b.t()`` must be K-major), fp32 scales on the device: one value each (per tensor),
+``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise), or ``scale_a`` (M, ceil(K / 128)) and
+``scale_b`` (ceil(N / 128), ceil(K / 128)) (blockwise, DeepSeek-V3's recipe: one scale per
+128 values of an activation row, one per 128 x 128 block of weights, both row-major); C =
+(scale_a scale_b) (a @ b) in ``out_dtype``::
 
     torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
     cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
 
 The kernel is the GEMM family's (``HopperGemm``) with 8-bit operands (a k-tile is still one
 128-byte swizzle span: 128 elements, ``GemmConfig.tile_k``) and the scales applied to the
-fp32 accumulator before C's conversion (``GemmConfig.scaling``). The tile comes from the
-16-bit model (``tuning.select_gemm_config``); row-wise scaling keeps tiles at most 128 wide
-(at 256 ptxas spills the epilogue's scale loads).
+fp32 accumulator before C's conversion (``GemmConfig.scaling``; blockwise: each k-tile's
+product promoted into the accumulator with its own scales). The tile comes from the 16-bit
+model (``tuning.select_gemm_config``); row-wise and blockwise scaling keep tiles at most 128
+wide (row-wise at 256: ptxas spills the epilogue's scale loads; blockwise: a tile within one
+128-column block of B's scales).
 """
 
 from __future__ import annotations
@@ -97,8 +101,10 @@ class _ScaledPlan:
         return out
 
 
-def scaling_mode(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int) -> str:
-    """"tensor" (one fp32 value each) or "row" ((M, 1) and (1, N)); anything else raises."""
+def scaling_mode(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int,
+                 k: int) -> str:
+    """"tensor" (one fp32 value each), "row" ((M, 1) and (1, N)) or "block" ((M, K / 128)
+    and (N / 128, K / 128), rounded up); anything else raises."""
     for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
         if not isinstance(s, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
@@ -106,11 +112,15 @@ def scaling_mode(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int) -
             raise TypeError(f"{name} has dtype {s.dtype}: the scales are float32")
     if scale_a.numel() == 1 and scale_b.numel() == 1:
         return "tensor"
-    if (tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n)
-            and scale_a.is_contiguous() and scale_b.is_contiguous()):
+    contiguous = scale_a.is_contiguous() and scale_b.is_contiguous()
+    if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n) and contiguous:
         return "row"
+    kb, nb = -(-k // 128), -(-n // 128)
+    if tuple(scale_a.shape) == (m, kb) and tuple(scale_b.shape) == (nb, kb) and contiguous:
+        return "block"
     raise ValueError(f"scales {tuple(scale_a.shape)} and {tuple(scale_b.shape)}: one value "
-                     f"each (per tensor) or contiguous ({m}, 1) and (1, {n}) (row-wise)")
+                     f"each (per tensor), contiguous ({m}, 1) and (1, {n}) (row-wise), or "
+                     f"contiguous ({m}, {kb}) and ({nb}, {kb}) (blockwise, 128 of K and N)")
 
 
 def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
@@ -129,7 +139,7 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
                          f"{tuple(b.shape)}")
     if out_dtype not in GEMM_OUT_DTYPES:
         raise TypeError(f"out_dtype {out_dtype}: bfloat16, float16 or float32")
-    mode = scaling_mode(scale_a, scale_b, m, n)
+    mode = scaling_mode(scale_a, scale_b, m, n, k)
     if a.stride(1) != 1:
         raise ValueError(f"a must be row-major (M, K) (strides {a.stride()}): WGMMA reads "
                          "8-bit operands K-major only")
@@ -169,9 +179,17 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
 
 def fp8_config(cfg: GemmConfig, mode: str) -> GemmConfig:
     """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
-    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise
-    scaling at most ``ROW_SCALING_MAX_TILE_N`` wide."""
-    if mode == "row" and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
+    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise and
+    blockwise scaling at most ``ROW_SCALING_MAX_TILE_N`` wide (blockwise: cooperative, no
+    stream-K)."""
+    if mode == "block" and (cfg.schedule != "cooperative" or cfg.stream_k
+                            or 128 % cfg.tile_n):
+        # a tile inside one 128-column scale block: 128 wide, or 64 where the model chose
+        # a narrower one
+        cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=128 if cfg.tile_n > 64 else 64,
+                         load=cfg.load, split_k=cfg.split_k, split_sum=cfg.split_sum,
+                         store_under_mma=cfg.store_under_mma)
+    if mode in ("row", "block") and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
         try:
             cfg = dataclasses.replace(cfg, tile_n=ROW_SCALING_MAX_TILE_N, epi_n=None)
         except ValueError:  # a cluster or schedule that needs the wider tile

@@ -89,10 +89,12 @@ class GemmConfig:
     # previous kernel's tail. Off by default (docs/design.md, "Programmatic dependent
     # launch (off)")
     pdl: bool = False
-    # the FP8 epilogue's scales (e4m3 A and B, ``cutetma.scaled_gemm``): "" none; "tensor":
-    # C = scale_a scale_b (A B^T), two fp32 scalars; "row": C[m, n] = scale_a[m] scale_b[n]
-    # (A B^T)[m, n], fp32 vectors of M and N. Applied to the fp32 accumulator before C's
-    # conversion (split-K's partials are scaled alike: the sum is linear)
+    # the FP8 scales (e4m3 A and B, ``cutetma.scaled_gemm``): "" none; "tensor": C =
+    # scale_a scale_b (A B^T), two fp32 scalars; "row": C[m, n] = scale_a[m] scale_b[n]
+    # (A B^T)[m, n], fp32 vectors of M and N (both on the fp32 accumulator before C's
+    # conversion; split-K's partials are scaled alike, the sum is linear); "block":
+    # DeepSeek-V3's, scale_a per (row, 128 of K), scale_b per (128 of N, 128 of K): each
+    # k-tile's product is promoted into the accumulator with its own scales
     scaling: str = ""
 
     def __post_init__(self):
@@ -119,8 +121,12 @@ class GemmConfig:
         if self.tile_k not in (64, 128):
             raise ValueError("tile_k is one 128-byte swizzle span: 64 (16-bit A and B) or "
                              "128 (8-bit)")
-        if self.scaling not in ("", "tensor", "row"):
-            raise ValueError(f"scaling={self.scaling!r}: '', 'tensor' or 'row'")
+        if self.scaling not in ("", "tensor", "row", "block"):
+            raise ValueError(f"scaling={self.scaling!r}: '', 'tensor', 'row' or 'block'")
+        if self.scaling == "block" and (128 % self.tile_n or self.stream_k
+                                        or self.schedule != "cooperative"):
+            raise ValueError("scaling='block': a tile within one 128-column scale block "
+                             "(tile_n 64 or 128), cooperative, no stream-K")
         if self.scaling and self.tile_k != 128:
             raise ValueError("scaling is the FP8 epilogue: it needs 8-bit A and B "
                              "(tile_k=128)")

@@ -265,14 +265,23 @@ class HopperGemm(PartialSums):
                              mPartials: cute.Tensor = None, mFlags: cute.Tensor = None,
                              mOrder: cute.Tensor = None):
         """``from_pointers`` for FP8 (B K-major: WGMMA reads 8-bit operands K-major only)
-        with the scales: fp32, one value each (``scaling="tensor"``) or M and N contiguous
-        values (``"row"``)."""
+        with the scales: fp32, one value each (``scaling="tensor"``), M and N contiguous
+        values (``"row"``), or (M, ceil(K / 128)) and (ceil(N / 128), ceil(K / 128))
+        row-major (``"block"``)."""
         mA = cute.make_tensor(pA, cute.make_layout((m, ka), stride=(lda, 1)))
         mB = cute.make_tensor(pB, cute.make_layout((n, kb), stride=(ldb, 1)))
         mC = cute.make_tensor(pC, cute.make_layout((m, n), stride=(ldc, 1)))
-        rows, cols = (m, n) if cutlass.const_expr(self.cfg.scaling == "row") else (1, 1)
-        mScaleA = cute.make_tensor(pScaleA, cute.make_layout((rows,), stride=(1,)))
-        mScaleB = cute.make_tensor(pScaleB, cute.make_layout((cols,), stride=(1,)))
+        if cutlass.const_expr(self.cfg.scaling == "block"):
+            # (M, K / 128) and (N / 128, K / 128), row-major, blocks rounded up
+            k_blocks = (ka + 127) // 128
+            mScaleA = cute.make_tensor(pScaleA, cute.make_layout((m, k_blocks),
+                                                                 stride=(k_blocks, 1)))
+            mScaleB = cute.make_tensor(pScaleB, cute.make_layout(((n + 127) // 128, k_blocks),
+                                                                 stride=(k_blocks, 1)))
+        else:
+            rows, cols = (m, n) if cutlass.const_expr(self.cfg.scaling == "row") else (1, 1)
+            mScaleA = cute.make_tensor(pScaleA, cute.make_layout((rows,), stride=(1,)))
+            mScaleB = cute.make_tensor(pScaleB, cute.make_layout((cols,), stride=(1,)))
         self(mA, mB, mC, max_active_clusters, stream, mPartials, mFlags, mOrder, mScaleA,
              mScaleB)
 
@@ -522,6 +531,8 @@ class HopperGemm(PartialSums):
         k_blocks = cute.size(tCrA, mode=[2])
         # (row, column) in the tile of each accumulator value: the row-wise scales' index
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        block = cfg.scaling == "block"
+        part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if block else None
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -568,9 +579,18 @@ class HopperGemm(PartialSums):
                 cute.nvgpu.warpgroup.fence()
                 for k in cutlass.range(k0, k0 + kn, unroll=1):
                     loader.consumer_wait(pipe, read)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                                  tCrB[(None, None, kb, read.index)], acc)
+                    if cutlass.const_expr(block):
+                        # this k-tile alone into ``part`` (its scales differ from the
+                        # last one's); the promotion below read ``part`` last
+                        cute.nvgpu.warpgroup.fence()
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], part)
+                    else:
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], acc)
                     cute.nvgpu.warpgroup.commit_group()
                     if cutlass.const_expr(deferred):
                         # two k-tiles of WGMMAs queued (~1.4 us at 128 x 256): the previous
@@ -581,24 +601,36 @@ class HopperGemm(PartialSums):
                                                           tRS_sC, tma_c, sC, gC, epi_sync,
                                                           warp, store_warp, epi_bufs)
                                 holding = cutlass.Int32(0)
-                    # keep this k-tile's WGMMAs in flight; the previous stage is free once
-                    # the group before them has retired
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k > k0:
+                    if cutlass.const_expr(block):
+                        # blockwise scales: the k-tile's product is promoted into the fp32
+                        # accumulator with its own scales, so it must be complete (and its
+                        # stage is free at once)
+                        cute.nvgpu.warpgroup.wait_group(0)
                         loader.consumer_release(pipe, release)
                         release.advance()
+                        self._promote(acc, part, tCcC, mScaleA, mScaleB, m, n, k,
+                                      mC_tma.shape)
+                    else:
+                        # keep this k-tile's WGMMAs in flight; the previous stage is free
+                        # once the group before them has retired
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k > k0:
+                            loader.consumer_release(pipe, release)
+                            release.advance()
                     read.advance()
                 if cutlass.const_expr(cfg.pingpong):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
                 cute.nvgpu.warpgroup.wait_group(0)
-                if cutlass.const_expr(cfg.split_k > 1):
+                if cutlass.const_expr(block):
+                    pass  # every stage was released as its k-tile was promoted
+                elif cutlass.const_expr(cfg.split_k > 1):
                     if kn > 0:  # an empty K slice consumed no stage: nothing to release
                         loader.consumer_release(pipe, release)
                         release.advance()
                 else:
                     loader.consumer_release(pipe, release)
                     release.advance()
-                if cutlass.const_expr(cfg.scaling != ""):
+                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
                     self._scale(acc, tCcC, mScaleA, mScaleB, m, n, mC_tma.shape)
 
                 finish = True
@@ -681,6 +713,22 @@ class HopperGemm(PartialSums):
                 if (row < shape_mn[0]) & (col < shape_mn[1]):
                     factor = mScaleA[row] * mScaleB[col]
                 acc[i] = acc[i] * factor
+
+    @cute.jit
+    def _promote(self, acc, part, tCcC, mScaleA, mScaleB, m, n, k, shape_mn):
+        """Blockwise scales (DeepSeek-V3's): acc += part x scale_a[row, k] x scale_b[column
+        block, k] for k-tile ``k`` (one 128-wide scale block of K); the tile lies in one
+        128-column block of B (tile_n divides 128). Rows past M take 0."""
+        cfg = self.cfg
+        col_block = n * cfg.tile_n // 128
+        b_scale = mScaleB[col_block, k]
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, _ = tCcC[i]
+            row = m * cfg.tile_m + r
+            a_scale = cutlass.Float32(0.0)
+            if row < shape_mn[0]:
+                a_scale = mScaleA[row, k]
+            acc[i] = acc[i] + part[i] * (a_scale * b_scale)
 
     @cute.jit
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,
