@@ -1,5 +1,6 @@
 """The FP8 cells of ``benchmarks/gemm.py`` (``--dtypes float8_e4m3fn``): ``cutetma.scaled_gemm``
-with each producer against ``torch._scaled_mm``, per-tensor and row-wise scales, the same
+with each producer against ``torch._scaled_mm``, per-tensor, row-wise and blockwise scales
+(torch's blockwise scales have their own layout: that column is ours alone), the same
 quantised randn data (amax / 448 scales, as a recipe would set them).
 
 A row per (cell, scaling): ``{M, N, K, dtype: "float8_e4m3fn", scaling, cutetma, tma,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 FP8 = "float8_e4m3fn"
-SCALINGS = ("tensor", "row")
+SCALINGS = ("tensor", "row", "block")
 
 
 def quantised(m: int, n: int, k: int, scaling: str, seed: int = 0):
@@ -27,13 +28,21 @@ def quantised(m: int, n: int, k: int, scaling: str, seed: int = 0):
         sa = (a32.abs().amax() / 448).reshape(1)
         sb = (b32.abs().amax() / 448).reshape(1)
         scale_a, scale_b = sa, sb
-    else:
+    elif scaling == "row":
         sa = a32.abs().amax(1, keepdim=True) / 448  # (M, 1)
         sb = b32.abs().amax(1, keepdim=True) / 448  # (N, 1)
         scale_a, scale_b = sa.contiguous(), sb.t().contiguous()
+    else:  # blockwise: (M, K / 128) and (N / 128, K / 128); the shapes are multiples of 128
+        kb, nb = -(-k // 128), -(-n // 128)
+        pad_a = torch.nn.functional.pad(a32, (0, kb * 128 - k)).view(m, kb, 128)
+        scale_a = pad_a.abs().amax(2) / 448 + 1e-12
+        pad_b = torch.nn.functional.pad(b32, (0, kb * 128 - k, 0, nb * 128 - n))
+        scale_b = pad_b.view(nb, 128, kb, 128).abs().amax((1, 3)) / 448 + 1e-12
+        sa = scale_a.repeat_interleave(128, 1)[:, :k]
+        sb = scale_b.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
     a8 = (a32 / sa).to(torch.float8_e4m3fn)
     b8 = (b32 / sb).to(torch.float8_e4m3fn)
-    return a8, b8.t(), scale_a.float(), scale_b.float()
+    return a8, b8.t(), scale_a.float().contiguous(), scale_b.float().contiguous()
 
 
 def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_rounds,
@@ -52,12 +61,18 @@ def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_ro
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b,
                                 out_dtype=torch.bfloat16)
 
-    try:
-        want = peer().float()
-        contenders["torch_scaled_mm"] = peer
-    except Exception as exc:  # a mode or shape this torch refuses
-        row["torch_scaled_mm_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        want = None
+    want = None
+    if scaling == "block":  # checked against the dequantised fp32 product instead
+        sa = scale_a.repeat_interleave(128, 1)[:, :k]
+        sb = scale_b.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+        want = (a.float() * sa) @ (b.t().float() * sb).t()
+        row["torch_scaled_mm_error"] = "blockwise scales: not compared (another layout)"
+    else:
+        try:
+            want = peer().float()
+            contenders["torch_scaled_mm"] = peer
+        except Exception as exc:  # a mode or shape this torch refuses
+            row["torch_scaled_mm_error"] = f"{type(exc).__name__}: {exc}"[:200]
     for load in ("tma", "cp_async"):
         def call(load=load):
             return cutetma.scaled_gemm(a, b, scale_a, scale_b, load=load)
