@@ -67,25 +67,19 @@ class Consumers:
             worker, workers = scheduler.worker()
             item = worker + k * workers
             for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
-                m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
-                                                                    prob.heads, prob.batches)
-                seqlen_k = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
-                q_start, seqlen_q, rows = self._tile_queries(batch, prob)
-                lo, hi = self._key_range(m_block, split, seqlen_k, prob, seqlen_q, rows)
+                tile = self._key_blocks(self._tile(item, half, prob, mSeqlensK), prob)
                 if cutlass.const_expr(cfg.skips_idle):
-                    if m_block * cfg.block_m + wg * 64 >= rows:
-                        self._pass_tile(pipe_k, pipe_v, q_full, q_empty, local, done, lo, hi)
+                    if tile.m_block * cfg.block_m + wg * 64 >= tile.rows:
+                        self._pass_tile(pipe_k, pipe_v, q_full, q_empty, local, done, tile.lo,
+                                        tile.hi)
                     else:
                         self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma,
-                                           frags, sV, mO, mLSE, prob, scale_log2, m_block,
-                                           head, batch, split, seqlen_k, lo, hi, local,
-                                           done, q_start, seqlen_q, rows)
+                                           frags, sV, mO, mLSE, prob, scale_log2, tile, local,
+                                           done)
                 else:
                     self._consume_tile(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags,
-                                       sV, mO, mLSE, prob, scale_log2, m_block, head, batch,
-                                       split, seqlen_k, lo, hi, local, done, q_start,
-                                       seqlen_q, rows)
-                done += hi - lo
+                                       sV, mO, mLSE, prob, scale_log2, tile, local, done)
+                done += tile.hi - tile.lo
                 local += 1
 
     @cute.jit
@@ -107,13 +101,15 @@ class Consumers:
 
     @cute.jit
     def _consume_tile(self, pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, frags, sV, mO,
-                      mLSE, prob, scale_log2, m_block, head, batch, split, seqlen_k, lo, hi,
-                      local, done, q_start, seqlen_q, rows):
+                      mLSE, prob, scale_log2, tile, local, done):
         """One tile of a consumer warpgroup: S, softmax and P V over key blocks lo .. hi - 1
         in the configuration's schedule, then the epilogue (split_kv: into the split's
-        partial, batch index split x b + batch)."""
+        partial, batch index split x b + batch). ``tile``: ``FlashAttentionSm90._tile``."""
         cfg = self.cfg
         dtype = sV.element_type
+        m_block, head, batch, split = tile.m_block, tile.head, tile.batch, tile.split
+        seqlen_k, q_start, seqlen_q, rows = tile.kv_len, tile.q_start, tile.seqlen_q, tile.rows
+        lo, hi = tile.lo, tile.hi
         tSrQ, tSrK, tOrV = frags.tSrQ, frags.tSrK, frags.tOrV
         col_in_tile = frags.col_in_tile
         p_steps = cfg.block_n // 16

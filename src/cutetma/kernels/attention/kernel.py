@@ -4,6 +4,8 @@ share (the package docstring draws it)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from cutetma import dsl
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
@@ -342,6 +344,27 @@ class FlashAttentionSm90(Producers, Consumers):
         if self.cfg.gathers_q and self.cfg.load == "tma":
             return 32
         return self.loader.barrier_count(WARPGROUP)
+
+    @cute.jit
+    def _tile(self, item, half, prob, mSeqlensK):
+        """Tile ``half`` of work item ``item`` as both roles walk it: its coordinates
+        (m_block, head, batch, split), its keys (kv_len) and its sequence's queries
+        (q_start, seqlen_q, rows: ``_tile_queries``); the caller adds its key blocks
+        (``_key_blocks``: the producer once its loaders are traced, which keeps its
+        instruction order)."""
+        m_block, head, batch, split = scheduler.tile_coords(self.cfg, item, half, prob.rows,
+                                                            prob.heads, prob.batches)
+        kv_len = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
+        q_start, seqlen_q, rows = self._tile_queries(batch, prob)
+        return SimpleNamespace(m_block=m_block, head=head, batch=batch, split=split,
+                               kv_len=kv_len, q_start=q_start, seqlen_q=seqlen_q, rows=rows)
+
+    @cute.jit
+    def _key_blocks(self, tile, prob):
+        """``tile`` with its key blocks [lo, hi) (``_key_range``)."""
+        tile.lo, tile.hi = self._key_range(tile.m_block, tile.split, tile.kv_len, prob,
+                                           tile.seqlen_q, tile.rows)
+        return tile
 
     @cute.jit
     def _kv_len(self, mSeqlensK, batch, seqlen_k):

@@ -223,16 +223,14 @@ class Producers:
             worker, workers = scheduler.worker()
             item = worker + k * workers
             for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
-                m_block, head, batch, split = scheduler.tile_coords(cfg, item, half, prob.rows,
-                                                                    prob.heads, prob.batches)
-                kv_len = self._kv_len(mSeqlensK, batch, prob.seqlen_k)
-                q_start, seqlen_q, rows = self._tile_queries(batch, prob)
-                load_q, load_k, load_v, refill = tile_loaders(m_block, head, batch, kv_len,
-                                                              q_start, rows)
-                lo, hi = self._key_range(m_block, split, kv_len, prob, seqlen_q, rows)
-                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, lo, hi, load_q,
-                                   load_k, load_v, refill)
-                done += hi - lo
+                tile = self._tile(item, half, prob, mSeqlensK)
+                load_q, load_k, load_v, refill = tile_loaders(tile.m_block, tile.head,
+                                                              tile.batch, tile.kv_len,
+                                                              tile.q_start, tile.rows)
+                tile = self._key_blocks(tile, prob)
+                self._produce_tile(pipe_k, pipe_v, q_empty, local, done, tile.lo, tile.hi,
+                                   load_q, load_k, load_v, refill)
+                done += tile.hi - tile.lo
                 local += 1
         pipe_k.producer_tail(self._ring(done, producer=True))
         pipe_v.producer_tail(self._ring(done, producer=True))
