@@ -24,7 +24,8 @@ NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlen
 ``--masks`` narrow the grid; ``--peer-cells`` adds ``PEER_CELLS`` (bf16; GQA rows carry
 ``h_kv``), the shapes where FlashAttention-4 led. Every peer is checked against cuDNN's
 output before it is timed.
-Writes ``attention.json`` and ``attention.png`` into --out.
+Writes ``attention.json`` and ``attention.png`` into --out (``--no-grid``:
+``attention_peers.json``, the peer cells alone).
 """
 
 from __future__ import annotations
@@ -329,6 +330,8 @@ def main(argv=None):
     ap.add_argument("--peer-cells", action="store_true",
                     help="also the cells where FlashAttention-4 led (PEER_CELLS: d = 64, "
                          "s = 577, long d = 128, GQA, d = 256)")
+    ap.add_argument("--no-grid", action="store_true",
+                    help="leave the FA3 grid out (with --peer-cells: those cells only)")
     ap.add_argument("--replot", metavar="JSON",
                     help="redraw the PNG (next to the JSON) from a results file; no GPU")
     args = ap.parse_args(argv)
@@ -346,8 +349,10 @@ def main(argv=None):
     # both dtypes of a cell back to back, so they see the same card state (power, clocks)
     chosen = ["tma"] if args.default_only else args.variants
     masks = {"both": (False, True), "causal": (True,), "non-causal": (False,)}[args.masks]
-    todo = [(dtype, c) for c in cells(args.quick, args.head_dims, args.seqlens, masks)
-            for dtype in ("float16", "bfloat16")]
+    todo = [] if args.no_grid else [
+        (dtype, c) for c in cells(args.quick, args.head_dims, args.seqlens, masks)
+        for dtype in ("float16", "bfloat16")]
+    name = "attention_peers" if args.no_grid else "attention"  # the results file
     rows = []
     if args.peer_cells:
         todo += [("bfloat16", cell) for cell in PEER_CELLS]
@@ -359,11 +364,11 @@ def main(argv=None):
             b, s, h, h_kv, d, causal = cell
             rows.append(measure(dtype, d, s, causal, chosen, args.custom, args.rounds,
                                 shape=(b, h, h_kv)))
-        results.write("attention", rows, out, extra_meta={"complete": False})
+        results.write(name, rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
-    path = results.write("attention", rows, out, extra_meta={
+    path = results.write(name, rows, out, extra_meta={
         "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
-    plot(rows, out / "attention.png")
+    plot(rows, out / f"{name}.png")
     print(f"wrote {path}")
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")

@@ -10,7 +10,9 @@ Steps, in this order unless ``--only`` names some:
 the whole run); then the benchmarks: ``gemm_bench`` (benchmarks/gemm.py, about 8 minutes),
 ``gemm_tune``, ``gemm_headline`` (gemm_tune.py), ``gemm_widths`` (the ``WIDTH_ABS`` A/Bs
 through gemm_ab.py), ``attention_bench`` (benchmarks/attention.py), ``paper_l2``
-(paper/fig6_l2.py, Nsight Compute), ``tutorials`` (every tutorial, one log). A one-line
+(paper/fig6_l2.py, Nsight Compute), ``tutorials`` (every tutorial, one log),
+``paged_bench`` (benchmarks/paged.py), ``fp8_bench`` (the FP8 GEMM cells), ``peers`` (the
+cells where FlashAttention-4 and QuACK led, both benchmarks). A one-line
 summary per step is printed last; logs and JSON go to $OUT (default ./gpu_out).
 
 Example: the GEMM GPU tests in four shards, then the GEMM grid::
@@ -205,6 +207,41 @@ def step_attention_bench(args):
     return f"attention rc={rc}"
 
 
+def step_paged_bench(args):
+    """benchmarks/paged.py: prefill, chunked prefill and decode, FA4 beside."""
+    import paged
+
+    paged.main(["--out", str(OUT)] + (["--quick"] if args.quick else []))
+    return "paged done"
+
+
+FP8_CELLS = ["4096x4096x4096", "8192x8192x8192", "4096x28672x4096", "3000x5000x3000",
+             "512x8192x8192", "128x8192x8192"]
+
+
+def step_fp8_bench(args):
+    """FP8 GEMM cells (gemm.py --dtypes float8_e4m3fn): cutetma.scaled_gemm, both producers,
+    every scaling, against torch._scaled_mm (gemm_fp8.json)."""
+    import gemm
+
+    cells = FP8_CELLS[:2] if args.quick else FP8_CELLS
+    return "fp8 rc=" + str(gemm.main(["--out", str(OUT), "--dtypes", "float8_e4m3fn",
+                                      "--name", "gemm_fp8", "--cells", *cells]))
+
+
+def step_peers(args):
+    """The cells where FlashAttention-4 and QuACK led, ours beside them (attention_peers.json,
+    gemm_peers.json)."""
+    import attention
+    import gemm
+
+    rc_a = attention.main(["--out", str(OUT), "--peer-cells", "--no-grid"])
+    cells = ["x".join(map(str, c)) for c in gemm.PEER_CELLS]
+    rc_g = gemm.main(["--out", str(OUT), "--dtypes", "bfloat16", "--name", "gemm_peers",
+                      "--cells", *cells, "4096x4096x4096", "8192x8192x8192"])
+    return f"attention rc={rc_a}, gemm rc={rc_g}"
+
+
 def step_paper_l2(args):
     """Figure 6 (b): L2 read sectors through Nsight Compute (benchmarks/paper/fig6_l2.py)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
@@ -217,7 +254,8 @@ STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm
          "gemm_tune": step_gemm_tune, "gemm_headline": step_gemm_headline,
          "gemm_widths": step_gemm_widths,
          "tutorials": step_tutorials, "attention_bench": step_attention_bench,
-         "paper_l2": step_paper_l2}
+         "paper_l2": step_paper_l2, "paged_bench": step_paged_bench,
+         "fp8_bench": step_fp8_bench, "peers": step_peers}
 
 
 def main():
