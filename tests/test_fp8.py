@@ -140,3 +140,16 @@ def test_scaled_gemm_checks_before_launch():
         cutetma.scaled_gemm(a, b, one.double(), one)
     with pytest.raises(ValueError, match="CUDA"):
         cutetma.scaled_gemm(a, b, torch.ones(64, 1), torch.ones(1, 96))
+
+
+def test_custom_op_fake_shape():
+    """What torch.compile traces with: C (M, N) in out_dtype."""
+    import torch
+
+    import cutetma.fp8  # noqa: F401  (registers cutetma::scaled_gemm)
+
+    a = torch.empty(64, 256, device="meta", dtype=torch.float8_e4m3fn)
+    b = torch.empty(96, 256, device="meta", dtype=torch.float8_e4m3fn).t()
+    one = torch.empty(1, device="meta")
+    out = torch.ops.cutetma.scaled_gemm(a, b, one, one, torch.float16, "tma")
+    assert out.shape == (64, 96) and out.dtype == torch.float16

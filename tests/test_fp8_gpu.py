@@ -100,3 +100,21 @@ def test_scales_apply():
     twice = cutetma.scaled_gemm(a, b, scale_a * 2, scale_b, out_dtype=torch.float32)
     torch.cuda.synchronize()
     assert torch.equal(twice, once * 2)
+
+
+def test_torch_compile_and_opcheck():
+    """Inside torch.compile(fullgraph=True) the call is the custom op, with eager's numbers;
+    torch.library.opcheck passes."""
+    import torch
+
+    import cutetma
+
+    a, b, scale_a, scale_b, _ = quantised(256, 384, 512, "row")
+
+    def layer(a):
+        return cutetma.scaled_gemm(a, b, scale_a, scale_b) * 2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    assert torch.equal(compiled(a), layer(a))
+    torch.library.opcheck(torch.ops.cutetma.scaled_gemm.default,
+                          (a, b, scale_a, scale_b, torch.bfloat16, "tma"))

@@ -48,7 +48,14 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     contiguous), both e4m3; ``scale_a``, ``scale_b`` fp32 with one element each, or (M, 1)
     and (1, N); C (M, N) ``out_dtype`` (bf16, fp16 or fp32). ``load``: "tma" or "cp_async"
     (the same kernel, producer swapped). ``config``: a ``GemmConfig`` with ``tile_k=128``
-    (its ``scaling`` is set from the scales). Runs on the current CUDA stream."""
+    (its ``scaling`` is set from the scales). Runs on the current CUDA stream; inside
+    ``torch.compile`` the call is the custom op ``torch.ops.cutetma.scaled_gemm`` (no
+    ``config`` there)."""
+    if torch.compiler.is_compiling():
+        if config is not None:
+            raise ValueError("inside torch.compile, cutetma.scaled_gemm takes a, b, the "
+                             "scales, out_dtype and load (the custom op's schema)")
+        return torch.ops.cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype, load)
     key = _plan_key(a, b, scale_a, scale_b, out_dtype, load, config)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
@@ -199,3 +206,16 @@ def fp8_config(cfg: GemmConfig, mode: str) -> GemmConfig:
 
 def clear_plans() -> None:
     _PLANS.clear()
+
+
+@torch.library.custom_op("cutetma::scaled_gemm", mutates_args=())
+def _scaled_gemm_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                    scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                    load: str = "tma") -> torch.Tensor:
+    """``torch.ops.cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype, load)``."""
+    return scaled_gemm(a, b, scale_a, scale_b, out_dtype=out_dtype, load=load).contiguous()
+
+
+@_scaled_gemm_op.register_fake
+def _(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, load="tma"):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
