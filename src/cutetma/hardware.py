@@ -10,6 +10,13 @@ Each case loads box (1, 1) of a random tensor whose shape is not a multiple of t
 
 A zero-fill case loads a box that hangs over the tensor's edge: the model image of the box
 with zeros outside the tensor must come back.
+
+A paged case (``row_offset``) lands a box that many rows into a larger buffer, as a paged
+K/V stage's later boxes do (one box per page). Two readings are compared: the swizzle phase
+of the buffer (the stage's image, rows ``row_offset ..``: ``matches_model``) and a phase
+that restarts at the box (``matches_box_phase``). Which one holds, and whether a box that
+starts or ends inside the 8-row atom is taken at all, says which page sizes a TMA-paged
+stage can use byte-exactly.
 """
 
 from __future__ import annotations
@@ -34,12 +41,14 @@ class HwCase:
     load: str
     cluster: int = 1
     overhang: bool = False  # the box hangs over the tensor edge (TMA zero fill)
+    row_offset: int = 0  # the box lands this many rows into a larger buffer (paged)
 
     @property
     def name(self) -> str:
         kind = "3d" if self.grouped else "2d"
         tail = f"-c{self.cluster}" if self.cluster > 1 else ""
         tail += "-oob" if self.overhang else ""
+        tail += f"-at{self.row_offset}" if self.row_offset else ""
         box = f"{self.rows}x{self.cols}"
         return f"{self.mode}-{8 * self.elem_bytes}bit-{kind}-{box}-{self.load}{tail}"
 
@@ -67,7 +76,18 @@ def hardware_cases(quick: bool = False) -> list[HwCase]:
                 for cluster in (2, 4):
                     cases.append(HwCase(mode, w, 64, span // w, False, "tma", cluster))  # multicast
                     cases.append(HwCase(mode, w, 64, span // w, False, "dsm", cluster))
+    cases += paged_cases(quick)
     return cases
+
+
+def paged_cases(quick: bool = False) -> list[HwCase]:
+    """Boxes of a paged K/V stage (128-byte swizzle, 16-bit, one span wide): whole 8-row
+    atoms at an atom's start (pages that are multiples of 8 keys, the TMA-paged kernel's),
+    and boxes that start or end inside an atom (pages of 4 or 12 keys)."""
+    boxes = [(8, 8), (16, 16), (8, 24), (4, 0), (4, 4), (12, 4), (4, 12)]
+    if quick:
+        boxes = [(8, 8), (4, 4)]
+    return [HwCase("128B", 2, rows, 64, False, "tma", row_offset=at) for rows, at in boxes]
 
 
 POISON = 0xA5  # what the probe writes into shared memory before the load
@@ -77,7 +97,15 @@ def _model_offsets(case: HwCase) -> np.ndarray:
     w = case.elem_bytes
     if case.grouped:
         return hw.grouped_box_offsets(case.rows, case.cols, w, case.mode)
-    return hw.smem_byte_offsets((case.rows, case.cols), w, case.mode)
+    base = case.row_offset * hw.box_row_pitch(case.cols * w, case.mode)
+    # the buffer's swizzle phase: where the stage's model puts these rows
+    return hw.smem_byte_offsets((case.rows, case.cols), w, case.mode, smem_base=base) + base
+
+
+def _box_phase_offsets(case: HwCase) -> np.ndarray:
+    """A paged box read with its swizzle phase restarting at the box's first row."""
+    base = case.row_offset * hw.box_row_pitch(case.cols * case.elem_bytes, case.mode)
+    return hw.smem_byte_offsets((case.rows, case.cols), case.elem_bytes, case.mode) + base
 
 
 def _algebra_offsets(case: HwCase) -> np.ndarray:
@@ -86,9 +114,10 @@ def _algebra_offsets(case: HwCase) -> np.ndarray:
     if case.grouped:
         g = hw.group_size(w, case.mode)
         spec = L.cute_layout("grouped", case.mode, w, case.rows, case.cols // g)
-    else:
-        spec = L.cute_layout("box", case.mode, w, case.rows, case.cols)
-    r, c = np.meshgrid(np.arange(case.rows), np.arange(case.cols), indexing="ij")
+    else:  # paged: the stage's layout, rows row_offset ..
+        spec = L.cute_layout("box", case.mode, w, case.rows + case.row_offset, case.cols)
+    r, c = np.meshgrid(np.arange(case.rows) + case.row_offset, np.arange(case.cols),
+                       indexing="ij")
     return L.placement(spec, w, (r, c), "pointer")
 
 
@@ -111,7 +140,8 @@ def run_case(case: HwCase, seed: int = 0) -> dict:
     host = raw.view({1: torch.uint8, 2: torch.float16, 4: torch.float32}[w])[:, :cols_total]
     x = host.cuda()
     image = ops.smem_image(x, (case.rows, case.cols), swizzle=case.mode, load=case.load,
-                           tile=(1, 1), grouped=case.grouped, cluster=case.cluster)
+                           tile=(1, 1), grouped=case.grouped, cluster=case.cluster,
+                           row_offset=case.row_offset)
     images = image.reshape(-1, image.shape[-1]).cpu().numpy()
 
     box = np.zeros((case.rows, case.cols), dtype=NP_DTYPE[w])
@@ -133,6 +163,8 @@ def run_case(case: HwCase, seed: int = 0) -> dict:
         matches_algebra=holds(_algebra_offsets(case)),
         ctas_identical=bool(all(np.array_equal(im, images[0]) for im in images)),
     )
+    if case.row_offset:
+        row["matches_box_phase"] = holds(_box_phase_offsets(case))
     if m.bits and not case.grouped and case.cols * w < m.span:
         # a swizzled box narrower than its span: dense rows, or rows a span apart?
         row["matches_dense_rows"] = holds(hw.smem_byte_offsets(box.shape, w, m))

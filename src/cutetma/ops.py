@@ -59,7 +59,8 @@ def _check_tensor(x, name: str = "x") -> int:
 
 # =========================================================================== probes
 def smem_image(x: torch.Tensor, box, *, swizzle: str = "128B", load: str = "tma",
-               tile=(0, 0), grouped: bool = False, cluster: int = 1) -> torch.Tensor:
+               tile=(0, 0), grouped: bool = False, cluster: int = 1,
+               row_offset: int = 0) -> torch.Tensor:
     """The raw shared-memory bytes after loading box ``tile`` of ``x`` (uint8, one row per CTA
     of the cluster when ``cluster`` > 1, else a 1D tensor).
 
@@ -68,7 +69,8 @@ def smem_image(x: torch.Tensor, box, *, swizzle: str = "128B", load: str = "tma"
     ``cluster`` > 1: each CTA issues its 1/N slice, multicast to all), ``"cp_async"``, or
     ``"dsm"`` (``cluster`` > 1: the leader loads by TMA, the others copy from its shared
     memory). TMA zero-fills what lies outside ``x``; cp.async and DSM take boxes inside ``x``
-    only.
+    only. ``row_offset`` (one TMA): the box lands that many rows into a larger buffer, as a
+    paged K/V stage's later boxes do; the image is the whole buffer.
     """
     from cutetma.kernels.tile_copy import ProbeConfig, SmemProbe
 
@@ -80,7 +82,8 @@ def smem_image(x: torch.Tensor, box, *, swizzle: str = "128B", load: str = "tma"
         cluster = 2
     mechanism = "tma_multicast" if load == "tma" and cluster > 1 else load
     rows, cols = (int(b) for b in box)
-    cfg = ProbeConfig(x.element_size(), swizzle, rows, cols, grouped, mechanism, cluster)
+    cfg = ProbeConfig(x.element_size(), swizzle, rows, cols, grouped, mechanism, cluster,
+                      row_offset)
     tr, tc = (int(t) for t in tile)
     r0, c0 = tr * cfg.rows, tc * cfg.cols
     if tr < 0 or tc < 0 or r0 >= x.shape[0] or c0 >= x.shape[1]:

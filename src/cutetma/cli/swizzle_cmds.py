@@ -204,13 +204,23 @@ def run_hardware(args) -> int:
         flags = [row.get(k) for k in ("matches_model", "matches_algebra", "ctas_identical")]
         cells = " ".join(f"{('ok' if f else 'NO') if f is not None else '-':>5}" for f in flags)
         extra = f"  {row['error']}" if "error" in row else ""
+        if "matches_box_phase" in row:  # a paged box: which swizzle phase it got
+            extra += f"  box's own phase: {'ok' if row['matches_box_phase'] else 'NO'}"
         print(f"[{done:>3}/{total}] {row['name']:<36} {cells}{extra}", flush=True)
 
     rows = hardware.run(cases, progress)
     matched = sum(r["match"] for r in rows)
     print(f"{matched} of {len(rows)} cases match the model and the CuTe algebra byte for byte")
+    # a paged box that starts inside an atom asks which phase the card writes: either
+    # reading holding is an answer; neither (or no load) is not
+    mid_atom = [r for r in rows if r.get("row_offset", 0) % 8]
+    answered = [r for r in mid_atom if r.get("matches_model") or r.get("matches_box_phase")]
+    if mid_atom:
+        print(f"paged boxes starting inside an atom: {len(answered)} of {len(mid_atom)} "
+              "written in one of the two phases (see matches_model / matches_box_phase)")
     if args.out:
         with writing("--out", out):
             path = results.write("hw_swizzle", rows, out)
         print(f"wrote {path}")
-    return 0 if matched == len(rows) else 1
+    return 0 if matched + len(answered) - sum(r["match"] for r in answered) == len(rows) \
+        else 1

@@ -60,6 +60,9 @@ class ProbeConfig:
     grouped: bool = False
     load: str = "tma"
     cluster: int = 1
+    # rows of a larger buffer above the box: the box lands at that row, as a paged K/V
+    # stage's later boxes do (one TMA, unicast, 2D)
+    row_offset: int = 0
 
     def __post_init__(self):
         m = hw.mode(self.swizzle)
@@ -80,6 +83,8 @@ class ProbeConfig:
             raise ValueError(f"load={self.load!r} needs a cluster of 2, 4, 8 or 16 CTAs")
         if not clustered and self.cluster != 1:
             raise ValueError(f"load={self.load!r} runs on one CTA, not a cluster of {self.cluster}")
+        if self.row_offset and (self.load != "tma" or self.grouped or self.row_offset < 0):
+            raise ValueError("row_offset: a 2D box loaded by one TMA, at a row >= 0")
         if self.load == "tma_multicast" and self.rows % self.cluster:
             raise ValueError(
                 f"multicast splits the box rows over the cluster: {self.rows} rows "
@@ -96,7 +101,13 @@ class ProbeConfig:
         a swizzled box narrower than its span takes a whole span per row."""
         if self.grouped:
             return self.box_bytes
-        return hw.box_smem_bytes((self.rows, self.cols), self.elem_bytes, self.swizzle)
+        return hw.box_smem_bytes((self.rows + self.row_offset, self.cols), self.elem_bytes,
+                                 self.swizzle)
+
+    @property
+    def row_pitch_elems(self) -> int:
+        """Elements from one shared-memory row of the box to the next."""
+        return hw.box_row_pitch(self.cols * self.elem_bytes, self.swizzle) // self.elem_bytes
 
     @property
     def group(self) -> int:
@@ -125,6 +136,10 @@ def smem_box_layouts(cfg: ProbeConfig):
     sw = cute.make_swizzle(m.bits, 4, 3)
     dtype = cute_dtype(cfg.elem_bytes)
     dense = cute.make_ordered_layout((cfg.rows, cfg.cols), order=(1, 0))
+    if m.bits and cfg.group * cfg.elem_bytes == m.span and cfg.rows % 8:
+        # fewer rows than the swizzle atom's 8 (a box that ends mid-atom): dense rows one
+        # span apart, the swizzle on the pointer (no atom tiles such a box)
+        return sw, dense, dense, (cfg.rows, cfg.cols)
     if m.bits and cfg.group * cfg.elem_bytes == m.span:
         from cutlass.cute.nvgpu import warpgroup
 
@@ -193,7 +208,7 @@ class SmemProbe:
         raw = smem.allocate_array(cutlass.Uint8, cfg.smem_bytes, byte_alignment=cfg.smem_alignment)
         bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
         typed = cute.recast_ptr(raw, swizzle_=sw, dtype=dtype)
-        sX_tma = cute.make_tensor(typed, layout_tma)
+        sX_tma = cute.make_tensor(typed + cfg.row_offset * cfg.row_pitch_elems, layout_tma)
         sX_2d = cute.make_tensor(typed, layout_2d)
         sRaw = cute.make_tensor(raw, cute.make_layout(cfg.smem_bytes))
         # Poison: a byte nobody loads keeps 0xA5, so the dump shows exactly what was written.
