@@ -105,7 +105,7 @@ def test_paged_probe_cases_tell_the_two_phase_readings_apart():
     from cutetma import hardware
 
     for case in hardware.paged_cases():
-        stage = hardware._model_offsets(case)
-        assert np.array_equal(stage, hardware._algebra_offsets(case)), case.name
-        same = np.array_equal(stage, hardware._box_phase_offsets(case))
+        stage = hardware.model_offsets(case)
+        assert np.array_equal(stage, hardware.algebra_offsets(case)), case.name
+        same = np.array_equal(stage, hardware.box_phase_offsets(case))
         assert same == (case.row_offset % 8 == 0), case.name

@@ -89,8 +89,8 @@ def mid_atom_phase() -> bool:
     from cutetma import hardware
 
     for case in hardware.paged_cases():
-        stage = hardware._model_offsets(case)  # the stage's phase (absolute address bits)
-        own = hardware._box_phase_offsets(case)  # a phase restarting at the box
+        stage = hardware.model_offsets(case)  # the stage's phase (absolute address bits)
+        own = hardware.box_phase_offsets(case)  # a phase restarting at the box
         chunk = stage[0, ::8] // 16 % 8  # where the box's first row's 16-byte chunks land
         print(f"{case.rows:2d} rows at row {case.row_offset:2d}: first row's chunks -> "
               f"{' '.join(map(str, chunk))}; the two readings "

@@ -93,7 +93,7 @@ def paged_cases(quick: bool = False) -> list[HwCase]:
 POISON = 0xA5  # what the probe writes into shared memory before the load
 
 
-def _model_offsets(case: HwCase) -> np.ndarray:
+def model_offsets(case: HwCase) -> np.ndarray:
     w = case.elem_bytes
     if case.grouped:
         return hw.grouped_box_offsets(case.rows, case.cols, w, case.mode)
@@ -102,13 +102,13 @@ def _model_offsets(case: HwCase) -> np.ndarray:
     return hw.smem_byte_offsets((case.rows, case.cols), w, case.mode, smem_base=base) + base
 
 
-def _box_phase_offsets(case: HwCase) -> np.ndarray:
+def box_phase_offsets(case: HwCase) -> np.ndarray:
     """A paged box read with its swizzle phase restarting at the box's first row."""
     base = case.row_offset * hw.box_row_pitch(case.cols * case.elem_bytes, case.mode)
     return hw.smem_byte_offsets((case.rows, case.cols), case.elem_bytes, case.mode) + base
 
 
-def _algebra_offsets(case: HwCase) -> np.ndarray:
+def algebra_offsets(case: HwCase) -> np.ndarray:
     """Where the CuTe layout puts each box element (pointer reading of the swizzle)."""
     w = case.elem_bytes
     if case.grouped:
@@ -159,12 +159,12 @@ def run_case(case: HwCase, seed: int = 0) -> dict:
     row.update(
         name=case.name,
         smem_bytes=int(images.shape[1]),
-        matches_model=holds(_model_offsets(case)),
-        matches_algebra=holds(_algebra_offsets(case)),
+        matches_model=holds(model_offsets(case)),
+        matches_algebra=holds(algebra_offsets(case)),
         ctas_identical=bool(all(np.array_equal(im, images[0]) for im in images)),
     )
     if case.row_offset:
-        row["matches_box_phase"] = holds(_box_phase_offsets(case))
+        row["matches_box_phase"] = holds(box_phase_offsets(case))
     if m.bits and not case.grouped and case.cols * w < m.span:
         # a swizzled box narrower than its span: dense rows, or rows a span apart?
         row["matches_dense_rows"] = holds(hw.smem_byte_offsets(box.shape, w, m))
