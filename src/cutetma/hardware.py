@@ -94,6 +94,8 @@ POISON = 0xA5  # what the probe writes into shared memory before the load
 
 
 def model_offsets(case: HwCase) -> np.ndarray:
+    """Where the model (``cutetma.swizzle``) puts each box element, in bytes from the buffer's
+    start (paged: in the stage's swizzle phase)."""
     w = case.elem_bytes
     if case.grouped:
         return hw.grouped_box_offsets(case.rows, case.cols, w, case.mode)
