@@ -177,6 +177,13 @@ def showcase_kernels():
     pairs += [(name, instructions(compile_attention, cfg))
               for name, cfg in (("attention d=128 tma", AttentionConfig()),
                                 ("attention d=128 cp.async", AttentionConfig(load="cp_async")))]
+    pairs += [("paged attention tma, page 64", instructions(
+                   compile_paged_attention, AttentionConfig(page_size=64), "BFloat16")),
+              ("paged decode (packed, split)", instructions(
+                   compile_paged_attention, AttentionConfig(page_size=64, pack_gqa=True,
+                                                            split_kv=True), "BFloat16")),
+              ("gemm fp8 e4m3, row scales", instructions(
+                   compile_scaled_gemm, GemmConfig(tile_n=128, tile_k=128, scaling="row")))]
     return pairs
 
 
