@@ -220,3 +220,26 @@ def test_a_warmed_gemm_compiles_nothing_in_a_fresh_process(cache_dir):
         missed = [parts[name] for name in added]
         warmed = [parts[name] for name in before if name in parts]
         raise AssertionError(f"compiled in the fresh process: {missed}\nwarmed: {warmed}")
+
+
+def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsys):
+    """``cache warm --paged``: per page size the prefill, packed, packed-and-split, split
+    and varlen variants that the kernel takes (a TMA page off the swizzle atom left out),
+    the split merge once per head dim; one compiled here, then a hit."""
+    from cutetma.cli import main
+    from cutetma.runtime import warm
+
+    entries = warm.paged_entries([16, 12], [(128, True)], ["bfloat16"], ["tma", "cp_async"])
+    paged = [e for e in entries if e.op == "paged"]
+    assert len(paged) == 8 + 0 + 8 + 8  # TMA takes page 16 only; cp.async both
+    assert {(e.cfg.pack_gqa, e.cfg.split_kv, e.cfg.varlen_q) for e in paged} == {
+        (p, s, v) for p in (False, True) for s in (False, True) for v in (False, True)}
+    assert [e.name() for e in entries if e.op == "combine"] == ["split-KV merge bf16 d=128"]
+    assert "page 16 decode, packed and split, varlen tma" in " ".join(e.name() for e in paged)
+    assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
+                 "bfloat16", "--jobs", "1"]) == 0
+    first = capsys.readouterr().out
+    assert "10 entries: 10 compiled" in first, first  # 8 paged, the merge, dense d = 128
+    assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
+                 "bfloat16", "--jobs", "1"]) == 0
+    assert "10 already there" in capsys.readouterr().out

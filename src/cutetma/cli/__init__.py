@@ -15,7 +15,7 @@ subcommand -> ``cutetma.swizzle`` computes -> ``cutetma.viz.text`` words it for 
     cutetma tour            [--out DIR]         (default DIR: ./cutetma-tour)
     cutetma cache info      [--list] [--json]   (the on-disk compile cache)
     cutetma cache clear
-    cutetma cache warm      [--gemm MxNxK,...] [--attention d[,causal] ...]
+    cutetma cache warm      [--gemm MxNxK,...] [--attention d[,causal] ...] [--paged P,...]
                             [--dtypes float16,bfloat16] [--load tma,cp_async] [--jobs N]
     cutetma --version
 
@@ -65,6 +65,7 @@ from cutetma.cli.cache_cmds import (
     CACHE_LOADS,
     GEMM_PROBLEMS,
     JOBS,
+    PAGE_SIZES,
     _default_jobs,
     run_cache_clear,
     run_cache_info,
@@ -235,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention", type=ATTENTION_SPEC, action="extend", nargs="+", metavar="d[,causal]",
         help="attention head dims, each optionally causal, e.g. 128 128,causal (default: "
              "64, 128 and 256, causal and not)")
+    warm_parser.add_argument(
+        "--paged", type=PAGE_SIZES, metavar="PAGE[,PAGE...]",
+        help="also cutetma.attention_with_kvcache's kernels for these page sizes (prefill, "
+             "decode packed / split, varlen queries), for --attention's head dims")
     warm_parser.add_argument("--dtypes", type=CACHE_DTYPES, default=["float16", "bfloat16"],
                              metavar="float16,bfloat16", help="(default: both)")
     warm_parser.add_argument("--load", type=CACHE_LOADS, default=["tma"], metavar="tma,cp_async",

@@ -81,7 +81,13 @@ def _jobs(value: str) -> int:
     return _integer(value.strip(), "--jobs", 1, 64)
 
 
+def _page_sizes(value: str) -> list[int]:
+    """``16,64,...``: page sizes of a paged KV cache, in keys."""
+    return [_integer(part, "page size", 1, 1 << 20) for part in value.split(",")]
+
+
 GEMM_PROBLEMS = _argument_type(_gemm_problems, "GEMM problems")
+PAGE_SIZES = _argument_type(_page_sizes, "page sizes")
 ATTENTION_SPEC = _argument_type(_attention_spec, "attention spec")
 CACHE_DTYPES = _argument_type(_choices(("float16", "bfloat16"), {
     "fp16": "float16", "half": "float16", "bf16": "bfloat16"}, "dtype"), "dtypes")
@@ -175,17 +181,20 @@ def run_cache_warm(args) -> int:
             raise PermissionError(13, "permission denied")
     if created:
         _say(f"created folder {folder}", to_stderr=True)
-    neither = args.gemm is None and args.attention is None
+    neither = args.gemm is None and args.attention is None and args.paged is None
     gpu = warm.gpu_present()
     entries = []
     if args.gemm is not None or neither:
         gemms = warm.gemm_entries(args.gemm or warm.GEMM_PRESET, args.dtypes, args.load,
                                   args.b_layout, gpu)
         entries += gemms + (warm.probe_entries(gemms) if gpu else [])
+    specs = [spec for group in args.attention or () for spec in group]
     if args.attention is not None or neither:
-        specs = [spec for group in args.attention or () for spec in group]
         entries += warm.attention_entries(specs or warm.ATTENTION_PRESET, args.dtypes,
                                           args.load)
+    if args.paged is not None:  # the head dims and masks of --attention, else the preset's
+        entries += warm.paged_entries(args.paged, specs or warm.ATTENTION_PRESET, args.dtypes,
+                                      args.load)
     jobs = min(args.jobs, len(entries)) if entries else 1
     machine = ("this GPU's SM count, cluster occupancy and probed tile order" if gpu else
                f"no GPU here: GEMMs as on an H200 ({warm.H200_SMS} SMs, {warm.H200_SMS} // "

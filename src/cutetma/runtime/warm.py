@@ -1,10 +1,11 @@
 """Fill the on-disk compile cache ahead of time (``cutetma cache warm``).
 
-``gemm_entries`` and ``attention_entries`` turn problems into the kernels ``cutetma.gemm``
-and ``cutetma.attention`` would launch for them (``Entry``: dtypes, configuration, B's
-major, cluster count, workspace kind), one per distinct kernel; ``warm`` compiles each
-through the very functions the ops launch through (``runtime.gemm_launch``,
-``runtime.attention_launch``), so the cache keys are the ops' own, in worker processes
+``gemm_entries``, ``attention_entries`` and ``paged_entries`` turn problems into the kernels
+``cutetma.gemm``, ``cutetma.attention`` and ``cutetma.attention_with_kvcache`` would launch
+for them (``Entry``: dtypes, configuration, B's major, cluster count, workspace kind), one
+per distinct kernel; ``warm`` compiles each through the very functions the ops launch
+through (``runtime.gemm_launch``, ``runtime.attention_launch``,
+``runtime.paged_attention_launch``), so the cache keys are the ops' own, in worker processes
 (``multiprocessing``, spawn; ``import cutetma`` in each sets the arch), and reports each
 entry as it finishes: compiled, or already on disk (a hit).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import os
 import time
 
@@ -73,6 +75,16 @@ class Entry:
         cfg = self.cfg
         if self.op == "probe":
             return f"placement probe, clusters of {cfg}"
+        if self.op == "combine":
+            return f"split-KV merge {SHORT[self.dtype]} d={cfg}"
+        if self.op == "paged":
+            kind = ("decode, packed and split" if cfg.pack_gqa and cfg.split_kv else
+                    "decode, packed" if cfg.pack_gqa else
+                    "decode, split" if cfg.split_kv else "prefill")
+            kind += ", varlen" if cfg.varlen_q else ""
+            return (f"paged attention {SHORT[self.dtype]} d={cfg.head_dim}"
+                    f"{' causal' if cfg.causal else ''} page {cfg.page_size} {kind} "
+                    f"{cfg.load}")
         if self.op == "attention":
             return (f"attention {SHORT[self.dtype]} d={cfg.head_dim}"
                     f"{' causal' if cfg.causal else ''} {cfg.load}")
@@ -161,6 +173,33 @@ def probe_entries(gemms) -> list[Entry]:
     sizes.update(e.cfg.cluster_m * e.cfg.cluster_n for e in gemms
                  if e.op == "gemm" and e.workspace != "split")
     return [Entry("probe", "", size) for size in sorted(sizes)]
+
+
+def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
+                  loads=("tma",)) -> list[Entry]:
+    """The kernels ``cutetma.attention_with_kvcache`` launches for these page sizes, per
+    (head dim, causal), dtype and load: prefill (nothing packed or split), decode with
+    the query heads packed, packed and split, and split alone (MHA), each also with varlen
+    queries (``cu_seqlens_q``), and the split merge per (dtype, head dim). A combination
+    the kernel refuses (a TMA box off the swizzle atom, split_kv where the DSL cannot
+    compile it) is left out, as the call would not launch it."""
+    from cutetma.kernels.attention import AttentionConfig
+
+    entries = []
+    for dtype in dtypes:
+        for load in loads:
+            for d, causal in specs:
+                for page in page_sizes:
+                    for pack, split, varlen in itertools.product((False, True), repeat=3):
+                        try:
+                            cfg = AttentionConfig(head_dim=d, causal=causal, load=load,
+                                                  page_size=page, pack_gqa=pack,
+                                                  split_kv=split, varlen_q=varlen)
+                        except ValueError:
+                            continue
+                        entries.append(Entry("paged", dtype, cfg))
+        entries += [Entry("combine", dtype, d) for d in sorted({d for d, _ in specs})]
+    return _distinct(entries)
 
 
 def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
@@ -259,6 +298,12 @@ def _launch(entry: Entry) -> None:
         placement.probe(entry.cfg, entry.cfg)
         return
     dtype = getattr(torch, entry.dtype)
+    if entry.op == "paged":
+        launch.paged_attention_launch(dtype, entry.cfg)
+        return
+    if entry.op == "combine":
+        launch.combine_launch(dtype, entry.cfg)
+        return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)
     else:
