@@ -239,7 +239,10 @@ def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsy
     assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     first = capsys.readouterr().out
-    assert "10 entries: 10 compiled" in first, first  # 8 paged, the merge, dense d = 128
+    # 8 paged and the merge compile; the dense d = 128 kernel too, unless this process built
+    # it already (its in-process registry answers first)
+    counts = re.search(r"10 entries: (\d+) compiled, (\d+) already there", first)
+    assert counts and int(counts[1]) >= 9, first
     assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     assert "10 already there" in capsys.readouterr().out
