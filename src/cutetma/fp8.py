@@ -34,6 +34,7 @@ from cutetma.ops import (
     _current_stream,
     _default_config,
     _gemm_workspace,
+    plan_key,
 )
 from cutetma.tuning import gemm as tuning
 
@@ -56,7 +57,8 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
             raise ValueError("inside torch.compile, cutetma.scaled_gemm takes a, b, the "
                              "scales, out_dtype and load (the custom op's schema)")
         return torch.ops.cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype, load)
-    key = _plan_key(a, b, scale_a, scale_b, out_dtype, load, config)
+    key = plan_key(a, b, scale_a, scale_b, out_dtype, load, config,
+                   torch.are_deterministic_algorithms_enabled())
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(a, b, scale_a, scale_b, out_dtype, load, config)
@@ -66,17 +68,6 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
 
 
 _PLANS: dict = {}
-
-
-def _plan_key(*args):
-    try:
-        key = tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
-                    if isinstance(x, torch.Tensor) else x for x in args)
-        key += (torch.are_deterministic_algorithms_enabled(),)
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return None
 
 
 @dataclasses.dataclass

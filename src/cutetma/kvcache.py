@@ -41,7 +41,13 @@ import dataclasses
 import torch
 
 from cutetma import runtime
-from cutetma.ops import ATTENTION_HEAD_DIMS, GEMM_DTYPES, _current_stream, attention_outputs
+from cutetma.ops import (
+    ATTENTION_HEAD_DIMS,
+    GEMM_DTYPES,
+    _current_stream,
+    attention_outputs,
+    plan_key,
+)
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -89,7 +95,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
             num_splits, cu_seqlens_q, max_seqlen_q)
         return (out, lse) if return_lse else out
-    key = _plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+    key = plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                     load, num_splits, cu_seqlens_q, max_seqlen_q)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
@@ -130,16 +136,6 @@ def check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q=Non
         if cu[0] != 0 or (cu[1:] < cu[:-1]).any() or cu[-1] != q.shape[0]:
             raise ValueError(f"cu_seqlens_q must rise from 0 to total_q = {q.shape[0]}, got "
                              f"{cu.tolist()[:8]}{' ...' if len(cu) > 8 else ''}")
-
-
-def _plan_key(*args):
-    try:
-        key = tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
-                    if isinstance(x, torch.Tensor) else x for x in args)
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return None
 
 
 @dataclasses.dataclass

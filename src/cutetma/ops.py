@@ -288,6 +288,19 @@ class _GemmPlan:
         return result
 
 
+def plan_key(*args):
+    """A hashable key of a call's arguments for a per-problem plan cache: each tensor by its
+    shape, strides, dtype, device and base address mod 16 (its 16-byte alignment), every
+    other argument as it is; None where an argument cannot key a plan."""
+    try:
+        key = tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
+                    if isinstance(x, torch.Tensor) else x for x in args)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
 def _current_stream(device: torch.device) -> int:
     """The raw handle of ``device``'s current stream (torch's C entry where it has one:
     a tenth of ``torch.cuda.current_stream``'s cost)."""
