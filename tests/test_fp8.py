@@ -65,6 +65,30 @@ def test_fp8_config_rules():
                                    (64, "cooperative", 64), (128, "pingpong", 128)):
         block = fp8_config(GemmConfig(tile_n=tile_n, schedule=schedule), "block")
         assert (block.tile_n, block.schedule, block.scaling) == (want, "cooperative", "block")
+    split = fp8_config(GemmConfig(tile_n=128, split_k=8, split_sum="atomic"), "block")
+    assert split.split_k == 1
+    # an fp32 C promotes each k-tile in fp32 (a pingpong tile becomes cooperative); 16-bit
+    # C does not, and blockwise promotes through its own path
+    import torch
+
+    fp32 = fp8_config(GemmConfig(tile_n=128, schedule="pingpong"), "tensor", torch.float32)
+    assert (fp32.promote, fp32.schedule) == (True, "cooperative")
+    assert not fp8_config(wide, "tensor", torch.bfloat16).promote
+    assert not fp8_config(wide, "block", torch.float32).promote
+    with pytest.raises(ValueError, match="needs scaling"):
+        GemmConfig(promote=True)
+
+
+def test_fp8_scales_are_loaded_once_per_row_and_column():
+    """Row-wise scales: a thread of a 128 x 128 tile holds 2 rows and 32 columns of it, so
+    the kernel loads 34 scales (64 values would take 128 loads); blockwise: 2 rows' scale_a
+    and the tile's one scale_b per k-tile."""
+    import re
+
+    row = build.compile_scaled_gemm(GemmConfig(tile_n=128, tile_k=128, scaling="row")).ptx
+    block = build.compile_scaled_gemm(GemmConfig(tile_n=128, tile_k=128, scaling="block")).ptx
+    assert len(re.findall(r"ld\.global\S*\.[bf]32", row)) == 34
+    assert len(re.findall(r"ld\.global\S*\.[bf]32", block)) == 3
 
 
 def test_fp8_kernel_refuses_16_bit_operands_with_8_bit_tiles():

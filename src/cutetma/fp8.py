@@ -164,7 +164,7 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
     device_index = a.device.index or 0
     cfg = config or _default_config(m, n, k, load, runtime.sm_count(device_index), True,
                                     tuning.deterministic_mode())
-    cfg = fp8_config(cfg, mode)
+    cfg = fp8_config(cfg, mode, out_dtype)
     _check_deterministic(cfg)
     plan.cfg = cfg
     plan.clusters = runtime.max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
@@ -175,24 +175,33 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
     return plan
 
 
-def fp8_config(cfg: GemmConfig, mode: str) -> GemmConfig:
+def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat16
+               ) -> GemmConfig:
     """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
     the raster band kept and no order table (FP8 tiles are not placed yet); row-wise and
     blockwise scaling at most ``ROW_SCALING_MAX_TILE_N`` wide (blockwise: cooperative, no
-    stream-K)."""
-    if mode == "block" and (cfg.schedule != "cooperative" or cfg.stream_k
-                            or 128 % cfg.tile_n):
-        # a tile inside one 128-column scale block: 128 wide, or 64 where the model chose
-        # a narrower one
-        cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=128 if cfg.tile_n > 64 else 64,
-                         load=cfg.load, split_k=cfg.split_k, split_sum=cfg.split_sum,
-                         store_under_mma=cfg.store_under_mma)
+    stream-K, split-K's slices summed in order). An fp32 ``out_dtype`` promotes each k-tile
+    into the accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower,
+    which a 16-bit C's rounding hides but an fp32 C shows)."""
+    promote = out_dtype == torch.float32 or mode == "block"
+    if promote and (cfg.schedule != "cooperative" or cfg.stream_k
+                    or (mode == "block" and 128 % cfg.tile_n)):
+        # blockwise: a tile inside one 128-column scale block, 128 wide, or 64 where the
+        # model chose a narrower one
+        tile_n = (128 if cfg.tile_n > 64 else 64) if mode == "block" else cfg.tile_n
+        cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=tile_n, load=cfg.load, split_k=cfg.split_k,
+                         split_sum=cfg.split_sum, store_under_mma=cfg.store_under_mma)
     if mode in ("row", "block") and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
         try:
             cfg = dataclasses.replace(cfg, tile_n=ROW_SCALING_MAX_TILE_N, epi_n=None)
         except ValueError:  # a cluster or schedule that needs the wider tile
             cfg = GemmConfig(tile_m=128, tile_n=ROW_SCALING_MAX_TILE_N, load=cfg.load)
-    return dataclasses.replace(cfg, tile_k=128, scaling=mode, order_table=False)
+    if mode == "block" and cfg.split_k > 1:
+        # blockwise slices summed by split-K came out wrong on the H200 (257 x 129 x 4096,
+        # 8 slices: atomic sum wrong, ordered sum NaN); whole K until that is understood
+        cfg = dataclasses.replace(cfg, split_k=1, split_sum="ordered")
+    return dataclasses.replace(cfg, tile_k=128, scaling=mode, order_table=False,
+                               promote=promote and mode != "block")
 
 
 def clear_plans() -> None:

@@ -96,6 +96,12 @@ class GemmConfig:
     # DeepSeek-V3's, scale_a per (row, 128 of K), scale_b per (128 of N, 128 of K): each
     # k-tile's product is promoted into the accumulator with its own scales
     scaling: str = ""
+    # FP8: each k-tile's product summed into the fp32 accumulator by ordinary fp32 adds (a
+    # second accumulator, each k-tile's WGMMAs waited for). FP8 WGMMA's own accumulation is
+    # narrower than fp32: over K = 1024 its error was 7x cuBLAS's (which promotes unless
+    # use_fast_accum), invisible under a 16-bit C's rounding but not in fp32 C. Blockwise
+    # scaling promotes anyway (docs/design.md, "FP8: promotion")
+    promote: bool = False
 
     def __post_init__(self):
         if self.tile_m not in (64, 128):
@@ -127,6 +133,10 @@ class GemmConfig:
                                         or self.schedule != "cooperative"):
             raise ValueError("scaling='block': a tile within one 128-column scale block "
                              "(tile_n 64 or 128), cooperative, no stream-K")
+        if self.promote and not self.scaling:
+            raise ValueError("promote is FP8's: it needs scaling")
+        if self.promote and (self.stream_k or self.schedule != "cooperative"):
+            raise ValueError("promote: cooperative, no stream-K (as blockwise scaling)")
         if self.scaling and self.tile_k != 128:
             raise ValueError("scaling is the FP8 epilogue: it needs 8-bit A and B "
                              "(tile_k=128)")

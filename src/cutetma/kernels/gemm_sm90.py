@@ -63,6 +63,8 @@ need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from cutetma import dsl
 from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
@@ -529,10 +531,15 @@ class HopperGemm(PartialSums):
         gC = cute.local_tile(mC_tma, (cfg.tile_m, cfg.tile_n), (None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gC).shape[:3], cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
-        # (row, column) in the tile of each accumulator value: the row-wise scales' index
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
-        block = cfg.scaling == "block"
-        part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if block else None
+        # (row, column) in the tile of each accumulator value: the row-wise scales' index.
+        # Sliced by this thread's index, not ``thr_mma``'s (the warpgroup's first thread:
+        # the operands' descriptors are per warpgroup, the accumulator's values per thread)
+        tCcC = tiled_mma.get_slice(mma_tid).partition_C(
+            cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        # FP8: where each k-tile's product is summed into ``acc`` in full fp32 (``part``)
+        promotes = cfg.scaling == "block" or cfg.promote
+        part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
+        offsets = self._acc_offsets(tiled_mma) if cfg.scaling else None
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -579,7 +586,7 @@ class HopperGemm(PartialSums):
                 cute.nvgpu.warpgroup.fence()
                 for k in cutlass.range(k0, k0 + kn, unroll=1):
                     loader.consumer_wait(pipe, read)
-                    if cutlass.const_expr(block):
+                    if cutlass.const_expr(promotes):
                         # this k-tile alone into ``part`` (its scales differ from the
                         # last one's); the promotion below read ``part`` last
                         cute.nvgpu.warpgroup.fence()
@@ -601,15 +608,18 @@ class HopperGemm(PartialSums):
                                                           tRS_sC, tma_c, sC, gC, epi_sync,
                                                           warp, store_warp, epi_bufs)
                                 holding = cutlass.Int32(0)
-                    if cutlass.const_expr(block):
-                        # blockwise scales: the k-tile's product is promoted into the fp32
-                        # accumulator with its own scales, so it must be complete (and its
-                        # stage is free at once)
+                    if cutlass.const_expr(promotes):
+                        # the k-tile's product is promoted into the fp32 accumulator (with
+                        # its own scales: blockwise), so it must be complete (and its stage
+                        # is free at once); the scales load under its WGMMAs
+                        sa, sb = None, None  # ``promote``: the scales come in the epilogue
+                        if cutlass.const_expr(cfg.scaling == "block"):
+                            sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n,
+                                                       k, mC_tma.shape)
                         cute.nvgpu.warpgroup.wait_group(0)
                         loader.consumer_release(pipe, release)
                         release.advance()
-                        self._promote(acc, part, tCcC, mScaleA, mScaleB, m, n, k,
-                                      mC_tma.shape)
+                        self._promote(acc, part, sa, sb, offsets)
                     else:
                         # keep this k-tile's WGMMAs in flight; the previous stage is free
                         # once the group before them has retired
@@ -620,8 +630,12 @@ class HopperGemm(PartialSums):
                     read.advance()
                 if cutlass.const_expr(cfg.pingpong):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
+                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
+                    # the scales this thread's values take, loaded under the last WGMMAs
+                    sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n, 0,
+                                               mC_tma.shape)
                 cute.nvgpu.warpgroup.wait_group(0)
-                if cutlass.const_expr(block):
+                if cutlass.const_expr(promotes):
                     pass  # every stage was released as its k-tile was promoted
                 elif cutlass.const_expr(cfg.split_k > 1):
                     if kn > 0:  # an empty K slice consumed no stage: nothing to release
@@ -631,7 +645,7 @@ class HopperGemm(PartialSums):
                     loader.consumer_release(pipe, release)
                     release.advance()
                 if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
-                    self._scale(acc, tCcC, mScaleA, mScaleB, m, n, mC_tma.shape)
+                    self._scale(acc, sa, sb, offsets)
 
                 finish = True
                 if cutlass.const_expr(cfg.stream_k):
@@ -694,41 +708,79 @@ class HopperGemm(PartialSums):
         if warp == store_warp:
             tma.wait(0)
 
-    @cute.jit
-    def _scale(self, acc, tCcC, mScaleA, mScaleB, m, n, shape_mn):
-        """FP8's dequantisation of tile (m, n)'s fp32 accumulator: by scale_a scale_b
-        ("tensor"), or value (r, c) by scale_a[r] scale_b[c] ("row"; 0 past M or N, whose
-        values are never stored)."""
+    def _acc_offsets(self, tiled_mma):
+        """Trace-time: per accumulator value i, the indices of its row and its column among
+        this thread's distinct rows and columns, and those rows' and columns' offsets from
+        its value 0 (thread 0's partition of the tile's coordinates: a thread's coordinates
+        are its value 0's plus these, the same for every thread). FP8's scales are then
+        loaded once per distinct row or column, not once per value (a 128 x 128 tile: 2
+        rows and 32 columns a thread, against 64 values)."""
         cfg = self.cfg
-        if cutlass.const_expr(cfg.scaling == "tensor"):
-            both = mScaleA[0] * mScaleB[0]
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] * both
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                r, c = tCcC[i]
-                row = m * cfg.tile_m + r
-                col = n * cfg.tile_n + c
-                factor = cutlass.Float32(0.0)
-                if (row < shape_mn[0]) & (col < shape_mn[1]):
-                    factor = mScaleA[row] * mScaleB[col]
-                acc[i] = acc[i] * factor
+        coords = tiled_mma.get_slice(0).partition_C(
+            cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        values = [tuple(int(x) for x in coords[i]) for i in range(cute.size(coords))]
+        rows = sorted({r for r, _ in values})
+        cols = sorted({c for _, c in values})
+        return SimpleNamespace(rows=rows, cols=cols,
+                               row_of=[rows.index(r) for r, _ in values],
+                               col_of=[cols.index(c) for _, c in values])
 
     @cute.jit
-    def _promote(self, acc, part, tCcC, mScaleA, mScaleB, m, n, k, shape_mn):
-        """Blockwise scales (DeepSeek-V3's): acc += part x scale_a[row, k] x scale_b[column
-        block, k] for k-tile ``k`` (one 128-wide scale block of K); the tile lies in one
-        128-column block of B (tile_n divides 128). Rows past M take 0."""
+    def _load_scales(self, tCcC, offsets, mScaleA, mScaleB, m, n, k, shape_mn):
+        """The scales of this thread's values in tile (m, n) (blockwise: of k-tile ``k``):
+        (scale_a of each distinct row, scale_b of each distinct column), one of each for
+        "tensor", one scale_b (the tile's 128-column block) for "block". Rows and columns
+        past M or N take 0 (their values are never stored)."""
         cfg = self.cfg
-        col_block = n * cfg.tile_n // 128
-        b_scale = mScaleB[col_block, k]
+        row0, col0 = tCcC[0]
+        row0 = m * cfg.tile_m + row0
+        col0 = n * cfg.tile_n + col0
+        rows = offsets.rows if cutlass.const_expr(cfg.scaling != "tensor") else [0]
+        cols = offsets.cols if cutlass.const_expr(cfg.scaling == "row") else [0]
+        sa = cute.make_rmem_tensor((len(rows),), cutlass.Float32)
+        sb = cute.make_rmem_tensor((len(cols),), cutlass.Float32)
+        if cutlass.const_expr(cfg.scaling == "tensor"):
+            sa[0] = mScaleA[0]
+            sb[0] = mScaleB[0]
+        else:
+            for j in cutlass.range_constexpr(len(rows)):
+                sa[j] = cutlass.Float32(0.0)
+                if row0 + rows[j] < shape_mn[0]:
+                    if cutlass.const_expr(cfg.scaling == "block"):
+                        sa[j] = mScaleA[row0 + rows[j], k]
+                    else:
+                        sa[j] = mScaleA[row0 + rows[j]]
+            if cutlass.const_expr(cfg.scaling == "block"):
+                # the tile lies in one 128-column block of B (tile_n divides 128)
+                sb[0] = mScaleB[n * cfg.tile_n // 128, k]
+            else:
+                for j in cutlass.range_constexpr(len(cols)):
+                    sb[j] = cutlass.Float32(0.0)
+                    if col0 + cols[j] < shape_mn[1]:
+                        sb[j] = mScaleB[col0 + cols[j]]
+        return sa, sb
+
+    @cute.jit
+    def _scale(self, acc, sa, sb, offsets):
+        """FP8's dequantisation of the fp32 accumulator: value i times its row's scale_a and
+        its column's scale_b (``_load_scales``: one each for "tensor")."""
+        cfg = self.cfg
         for i in cutlass.range_constexpr(cute.size(acc)):
-            r, _ = tCcC[i]
-            row = m * cfg.tile_m + r
-            a_scale = cutlass.Float32(0.0)
-            if row < shape_mn[0]:
-                a_scale = mScaleA[row, k]
-            acc[i] = acc[i] + part[i] * (a_scale * b_scale)
+            a = sa[offsets.row_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sa[0]
+            b = sb[offsets.col_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sb[0]
+            acc[i] = acc[i] * (a * b)
+
+    @cute.jit
+    def _promote(self, acc, part, sa, sb, offsets):
+        """acc += the k-tile's product ``part``, in fp32: times its scales (blockwise,
+        DeepSeek-V3's: scale_a of the row's 128 of K, scale_b of the tile's 128 x 128 block
+        of B), or as it is (``promote``: tensor and row scales come in the epilogue)."""
+        cfg = self.cfg
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            if cutlass.const_expr(cfg.scaling == "block"):
+                acc[i] = acc[i] + part[i] * (sa[offsets.row_of[i]] * sb[0])
+            else:
+                acc[i] = acc[i] + part[i]
 
     @cute.jit
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,
