@@ -25,7 +25,8 @@ NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlen
 ``h_kv``), the shapes where FlashAttention-4 led. Every peer is checked against cuDNN's
 output before it is timed.
 Writes ``attention.json`` and ``attention.png`` into --out (``--no-grid``:
-``attention_peers.json``, the peer cells alone).
+``attention_peers.json``, the peer cells alone). ``--backward``: the backward's grid instead
+(``attention_bwd.py``).
 """
 
 from __future__ import annotations
@@ -310,6 +311,11 @@ def plot(rows, path: Path):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--backward" in argv:  # the backward's grid: benchmarks/attention_bwd.py
+        import attention_bwd
+
+        return attention_bwd.main([a for a in argv if a != "--backward"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results")

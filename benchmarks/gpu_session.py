@@ -12,7 +12,8 @@ the whole run); then the benchmarks: ``gemm_bench`` (benchmarks/gemm.py, about 8
 through gemm_ab.py), ``attention_bench`` (benchmarks/attention.py), ``paper_l2``
 (paper/fig6_l2.py, Nsight Compute), ``tutorials`` (every tutorial, one log),
 ``paged_bench`` (benchmarks/paged.py), ``fp8_bench`` (the FP8 GEMM cells), ``peers`` (the
-cells where FlashAttention-4 and QuACK led, both benchmarks). A one-line
+cells where FlashAttention-4 and QuACK led, both benchmarks), ``backward_bench``
+(benchmarks/attention_bwd.py). A one-line
 summary per step is printed last; logs and JSON go to $OUT (default ./gpu_out).
 
 Example: the GEMM GPU tests in four shards, then the GEMM grid::
@@ -242,6 +243,14 @@ def step_peers(args):
     return f"attention rc={rc_a}, gemm rc={rc_g}"
 
 
+def step_backward_bench(args):
+    """benchmarks/attention_bwd.py: the attention backward against FA4 and cuDNN."""
+    import attention_bwd
+
+    return "backward rc=" + str(attention_bwd.main(["--out", str(OUT)]
+                                                   + (["--quick"] if args.quick else [])))
+
+
 def step_paper_l2(args):
     """Figure 6 (b): L2 read sectors through Nsight Compute (benchmarks/paper/fig6_l2.py)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
@@ -255,7 +264,8 @@ STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm
          "gemm_widths": step_gemm_widths,
          "tutorials": step_tutorials, "attention_bench": step_attention_bench,
          "paper_l2": step_paper_l2, "paged_bench": step_paged_bench,
-         "fp8_bench": step_fp8_bench, "peers": step_peers}
+         "fp8_bench": step_fp8_bench, "peers": step_peers,
+         "backward_bench": step_backward_bench}
 
 
 def main():

@@ -8,7 +8,8 @@ Layers (data flows down, nothing imports upward; ``tests/test_layering.py`` hold
     kernels                 HopperGemm, FlashAttentionSm90, probes; frozen configs
     tuning                  problem -> config, on the host (the H200 wave and L2 models)
     runtime                 compile registry, prepared launches, workspaces, the GPC probe
-    ops, kvcache, fp8       the torch face: validate -> select -> launch
+    ops, kvcache, fp8,      the torch face: validate -> select -> launch
+    backward
     cli, hardware           the ``cutetma`` command and the model-vs-hardware check
 
 ``import cutetma`` is light (no torch, no DSL); the torch entry points load on first use.
@@ -28,12 +29,12 @@ if "cutlass" not in _sys.modules:
 _LAZY = {
     "gemm": "cutetma.ops", "attention": "cutetma.ops", "smem_image": "cutetma.ops",
     "tma_round_trip": "cutetma.ops", "attention_with_kvcache": "cutetma.kvcache",
-    "scaled_gemm": "cutetma.fp8",
+    "scaled_gemm": "cutetma.fp8", "attention_backward": "cutetma.backward",
     "GemmConfig": "cutetma.kernels.gemm_config",
     "AttentionConfig": "cutetma.kernels.attention",
     "select_gemm_config": "cutetma.tuning.gemm",
     "gemm_ref": "cutetma.reference", "attention_ref": "cutetma.reference",
-    "paged_attention_ref": "cutetma.reference",
+    "paged_attention_ref": "cutetma.reference", "attention_grads_ref": "cutetma.reference",
 }
 
 __all__ = ["__version__", *_LAZY]

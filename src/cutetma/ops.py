@@ -438,12 +438,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     packed qkv tensor are fine as they are). Inside ``torch.compile`` the call is the custom
     op ``torch.ops.cutetma.attention`` (no ``config`` there). Like ``gemm``, every call is a
     plan remembered per problem (shapes, strides, dtype, device, options, alignment).
+    Differentiable: with inputs that require grad (grad mode on), the call is the custom op,
+    whose autograd formula runs ``cutetma.backward.attention_backward`` (d 64 or 128).
     """
-    if torch.compiler.is_compiling():
+    grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+    if torch.compiler.is_compiling() or grad:
         if config is not None:
-            raise ValueError("inside torch.compile, cutetma.attention takes no config")
+            raise ValueError("inside torch.compile, or with inputs that require grad, "
+                             "cutetma.attention takes no config")
         out, lse = torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load)
         return (out, lse) if return_lse else out
+    out, lse = _attention_forward(q, k, v, causal, softmax_scale, load, config)
+    return (out, lse) if return_lse else out
+
+
+def _attention_forward(q, k, v, causal, softmax_scale, load, config) -> tuple:
+    """``attention``'s eager path: the plan of this problem, run; (out, lse)."""
     try:
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
                v.dtype, q.device, k.device, v.device, q.data_ptr() % 16, k.data_ptr() % 16,
@@ -456,8 +467,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         plan = _attention_plan(q, k, v, causal, softmax_scale, load, config)
         if key is not None:
             _ATTENTION_PLANS[key] = plan
-    out, lse = plan(q, k, v)
-    return (out, lse) if return_lse else out
+    return plan(q, k, v)
 
 
 _ATTENTION_PLANS: dict = {}
@@ -561,11 +571,34 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softmax_scale: float | None = None,
                   load: str = "tma") -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load) -> (out, lse)``."""
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True,
-                     load=load)
+    return _attention_forward(q, k, v, causal, softmax_scale, load, None)
 
 
 @_attention_op.register_fake
 def _(q, k, v, causal=False, softmax_scale=None, load="tma"):
     b, s_q, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, load = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (causal, softmax_scale, load)
+
+
+def _attention_grad(ctx, dout, dlse):
+    """The autograd formula of ``torch.ops.cutetma.attention``: the backward's custom op
+    (``cutetma.backward``), so ``torch.compile`` traces it too."""
+    import cutetma.backward  # noqa: F401  (defines torch.ops.cutetma.attention_backward)
+
+    q, k, v, out, lse = ctx.saved_tensors
+    causal, softmax_scale, load = ctx.options
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.cutetma.attention_backward(
+        dout.contiguous(), q, k, v, out, lse, dlse, causal, softmax_scale, load)
+    return dq, dk, dv, None, None, None
+
+
+_attention_op.register_autograd(_attention_grad, setup_context=_attention_setup_context)

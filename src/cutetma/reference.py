@@ -34,6 +34,39 @@ def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = N
     return (p @ vf).transpose(1, 2), lse
 
 
+def attention_grads_ref(dout, q, k, v, causal: bool = False,
+                        softmax_scale: float | None = None, dtype=None):
+    """(dq, dk, dv) of ``attention_ref`` at ``dout``, by autograd: in fp32 (``dtype`` None),
+    or with q, k, v, dout in ``dtype`` and the math in it but the softmax (torch's own
+    precision for that dtype: flash-attention's yardstick for its error). dk and dv are
+    summed over each K/V head's group (GQA). Rows that see no key get zero gradients."""
+    import torch
+
+    cast = (lambda x: x.detach().float()) if dtype is None else (
+        lambda x: x.detach().to(dtype))
+    q, k, v, dout = (cast(x) for x in (q, k, v, dout))
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    if dtype is None:
+        out, _ = attention_ref(q, k, v, causal, softmax_scale)
+    else:
+        b, s_q, h, d = q.shape
+        s_k, h_kv = k.shape[1], k.shape[2]
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        kt = kt.repeat_interleave(h // h_kv, dim=1)
+        vt = vt.repeat_interleave(h // h_kv, dim=1)
+        s = (qt @ kt.transpose(-1, -2)).float() * scale
+        if causal:
+            i = torch.arange(s_q, device=q.device)[:, None]
+            j = torch.arange(s_k, device=q.device)[None, :]
+            s = s.masked_fill(j > i + s_k - s_q, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0).to(dtype)
+        out = (p @ vt).transpose(1, 2)
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.dtype))
+    return tuple(g.float().nan_to_num(0.0) for g in grads)
+
+
 def paged_attention_ref(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool = False,
                         softmax_scale: float | None = None, cu_seqlens_q=None):
     """fp32 attention over a paged cache (``cutetma.attention_with_kvcache``'s contract):

@@ -23,3 +23,9 @@ class AttentionBarrier(enum.IntEnum):
     # TMA-paged: warpgroup wg's zeros in a V stage's rows past the sequence are written
     # before its P V reads them (V_TAIL + wg, 128 threads)
     V_TAIL = 4
+
+
+class BackwardBarrier(enum.IntEnum):
+    # the attention backward: both consumer warpgroups' halves of dS are in shared memory
+    # before either reads all of it for dQ (256 threads)
+    DS_READY = 1

@@ -347,3 +347,24 @@ def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):
                            pointer(getattr(cutlass, dtype_name), 16),
                            pointer(cutlass.Float32, 4), *(cutlass.Int32(1),) * 4,
                            *(cutlass.Int64(8),) * 3, make_fake_stream())
+
+
+@functools.cache
+def compile_attention_backward(cfg, dtype_name: str = "BFloat16"):
+    """The attention backward (``FlashAttentionBackwardSm90.from_pointers``, as
+    ``runtime.attention_backward_launch`` compiles it) for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.attention.backward import FlashAttentionBackwardSm90
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    def pointer(dtype, align):
+        return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    dtype = getattr(cutlass, dtype_name)
+    return dsl.compile_ptx(FlashAttentionBackwardSm90(cfg).from_pointers,
+                           *(pointer(dtype, 16),) * 4, *(pointer(cutlass.Float32, 4),) * 2,
+                           *(pointer(cutlass.Float32, 16),) * 3, *(cutlass.Int32(1),) * 5,
+                           *(cutlass.Int64(8),) * 12, cutlass.Float32(0.125),
+                           make_fake_stream())

@@ -18,7 +18,8 @@ _NAMES = {
     "ScaledGemmLaunch": "launch",
     "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
     "paged_attention_launch": "launch",
-    "combine_launch": "launch",
+    "combine_launch": "launch", "attention_backward_launch": "launch",
+    "BackwardLaunch": "launch",
     "scaled_gemm_launch": "launch",
     "split_workspace": "workspace",
 }

@@ -129,6 +129,15 @@ class PagedAttentionLaunch(PointerLaunch):
                 ctypes.c_int32, ctypes.c_void_p))
 
 
+class BackwardLaunch(PointerLaunch):
+    """``FlashAttentionBackwardSm90.from_pointers``: Q, K, V, dO, LSE, D, dQ, dK, dV; batch,
+    s_q, s_k, heads, kv heads; the (seq, head, batch) strides of Q, K, V, dO; the softmax
+    scale; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 9 + (ctypes.c_int32,) * 5 + (ctypes.c_int64,) * 12
+             + (ctypes.c_float, ctypes.c_void_p))
+
+
 class CombineLaunch(PointerLaunch):
     """``SplitCombine.from_pointers``: O and LSE partials, O, LSE; batch, s_q, heads,
     splits; O's (seq, head, batch) strides; the stream."""
@@ -284,3 +293,31 @@ def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
              "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("split_combine", dtype, head_dim), build)
+
+
+def attention_backward_launch(dtype: torch.dtype, cfg) -> BackwardLaunch:
+    """The attention backward's ``BackwardLaunch`` of this (dtype, ``BackwardConfig``),
+    compiled on its first use; sizes and strides are runtime values."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.attention.backward import FlashAttentionBackwardSm90
+
+            return cute.compile(FlashAttentionBackwardSm90(cfg).from_pointers, *args)
+
+        args = (*[typed_pointer(dtype) for _ in range(4)],
+                *[typed_pointer(torch.float32, 4) for _ in range(2)],
+                *[typed_pointer(torch.float32, 16) for _ in range(3)], *(1,) * 17,
+                cutlass.Float32(1.0), make_fake_stream())
+        return BackwardLaunch(cache.load_or_compile(
+            {"entry": "FlashAttentionBackwardSm90.from_pointers", "config": repr(cfg),
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("attention_backward", dtype, cfg), build)

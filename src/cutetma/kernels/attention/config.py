@@ -222,3 +222,55 @@ class AttentionConfig:
     @property
     def pingpong(self) -> bool:
         return self.schedule == "pingpong"
+
+
+# setmaxnreg budgets of the backward (producer, each of its two consumer warpgroups): the TMA
+# producer issues from one thread (FlashAttention-3's 24 / 240); cp.async's 128 copying
+# threads take the forward's 40 / 232
+BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (40, 232)}
+BACKWARD_HEAD_DIMS = (64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    """One compiled variant of ``FlashAttentionBackwardSm90`` (``backward.py``): a CTA holds
+    ``block_n`` keys (64 per consumer warpgroup) and walks the query blocks of ``block_m``
+    rows that see them, Q and dO through ``stages`` buffers. FlashAttention-3's tile at
+    d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed)."""
+
+    head_dim: int = 128
+    causal: bool = False
+    load: str = "tma"  # "tma" or "cp_async": only the producer differs
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 2
+
+    def __post_init__(self):
+        if self.head_dim not in BACKWARD_HEAD_DIMS:
+            raise ValueError(f"head_dim={self.head_dim}: the backward is built for "
+                             f"{BACKWARD_HEAD_DIMS} (d = 256 needs FlashAttention-3's "
+                             "transposed dK / dV tiles, not built)")
+        if self.load not in ("tma", "cp_async"):
+            raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if (self.block_m, self.block_n) != (64, 128):
+            raise ValueError("the backward's tile is 64 queries x 128 keys")
+        if self.stages not in (1, 2):
+            raise ValueError(f"stages={self.stages}: 1 or 2")
+
+    @property
+    def consumers(self) -> int:
+        return self.block_n // 64
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WARPGROUP
+
+    @property
+    def registers(self) -> tuple[int, int]:
+        return BACKWARD_REGISTERS[self.load]
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """K, V (block_n x d), Q and dO stages (block_m x d each), two dS buffers."""
+        d = self.head_dim
+        return elem_bytes * (2 * self.block_n * d + 2 * self.stages * self.block_m * d
+                             + 2 * self.block_m * self.block_n)

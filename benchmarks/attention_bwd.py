@@ -1,0 +1,160 @@
+"""Attention backward benchmark on the H200: ours (TMA and cp.async producers) against
+FlashAttention-4's SM90 backward (``flash_attn.cute``, column ``fa4``) and cuDNN (torch SDPA's
+backward), one run, the same randn data (``python benchmarks/attention.py --backward`` runs
+this).
+
+    python benchmarks/attention_bwd.py [--quick] [--out DIR] [--head-dims 128] [--seqlens ..]
+
+The FlashAttention-3 grid: 16k tokens per batch (b = 16384 / s), h = 2048 / d, bf16, causal
+and not. FLOPs counted as 2.5x the forward's (4 b h s^2 d, halved for causal). Each
+contender's whole backward is timed from the forward's saved tensors (ours: D, the kernel,
+dQ's conversion; the peers through autograd, every kernel they launch), as CUDA-graph replays
+(``gemm.bench``), then again in alternating rounds (``attention.final_rounds``). Gradients are
+checked against cuDNN's first. Writes ``attention_bwd.json`` and ``attention_bwd.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds  # noqa: E402
+from gemm import bench, progress  # noqa: E402
+
+HEAD_DIMS = (64, 128)  # the backward's (d = 256 is not built)
+
+
+def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS,
+            shape=None) -> dict:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cutetma
+
+    t = getattr(torch, dtype)
+    b, h = shape or (TOKENS // s, 2048 // d)
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=t) for _ in range(4))
+    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    row = {"dtype": dtype, "d": d, "s": s, "b": b, "h": h, "causal": causal}
+    timed = {}
+
+    def autograd_call(forward):
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        out = forward(*leaves)
+
+        def call():
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        return call
+
+    def cudnn_forward(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=causal).transpose(1, 2)
+
+    ref = None
+    try:
+        call = autograd_call(cudnn_forward)
+        ref = call()
+        timed["cudnn"] = (call, [bench(call)])
+    except Exception as exc:
+        row["cudnn_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    contenders = []
+    peer, why = fa4()
+    if peer is not None:
+        contenders.append(("fa4", lambda: autograd_call(
+            lambda q, k, v: peer.flash_attn_func(q, k, v, causal=causal)[0])))
+    else:
+        row["fa4_error"] = why
+    out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
+    for load in ("tma", "cp_async"):
+        contenders.append((load, lambda load=load: lambda: cutetma.attention_backward(
+            dout, q, k, v, out, lse, causal=causal, load=load)))
+    for name, make in contenders:
+        try:
+            call = make()
+            grads = call()
+            if ref is not None:
+                err = max(((a.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                          for a, r in zip(grads, ref, strict=True))
+                if not err < 2e-2:  # a contender that computes something else is not one
+                    row[f"{name}_error"] = f"max rel. |grad - cudnn| = {err:.3g}"
+                    continue
+            timed[name] = (call, [bench(call)])
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    for name, (_, ms) in timed.items():
+        row[name] = flops / ms[0] / 1e9
+    final_rounds(row, timed, list(timed), rounds, flops)
+    return row
+
+
+def summarize(rows) -> dict:
+    s = {}
+    for peer in ("fa4", "cudnn"):
+        ratios = [r["tma"] / r[peer] for r in rows if r.get("tma") and r.get(peer)]
+        if ratios:
+            s[f"geomean_tma_over_{peer}"] = math.exp(statistics.mean(map(math.log, ratios)))
+            s[f"min_tma_over_{peer}"] = min(ratios)
+    mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
+    if mech:
+        s["median_tma_over_cp_async"] = statistics.median(mech)
+    return s
+
+
+def plot(rows, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("tma", "cp_async", "fa4", "cudnn")
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
+    width = 0.2
+    for i, key in enumerate(keys):
+        ax.bar([j + (i - 1.5) * width for j in range(len(rows))],
+               [r.get(key) or 0 for r in rows], width, label=key)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"d{r['d']} s{r['s']}\n{'causal' if r['causal'] else ''}"
+                        for r in rows], fontsize=7)
+    ax.set_ylabel("TFLOP/s (2.5x forward FLOPs)")
+    ax.set_title("attention backward, bf16, H200", fontsize=9)
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
+    ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    args = ap.parse_args(argv)
+    from cutetma import results
+
+    seqlens = [512, 2048, 8192] if args.quick else args.seqlens
+    todo = [(d, s, causal) for d in args.head_dims for s in seqlens for causal in (False, True)]
+    out, rows, t0 = Path(args.out), [], time.time()
+    for d, s, causal in progress(todo, len(todo)):
+        rows.append(measure("bfloat16", d, s, causal, args.rounds))
+        results.write("attention_bwd", rows, out, extra_meta={"complete": False})
+    summary = summarize(rows)
+    path = results.write("attention_bwd", rows, out, extra_meta={
+        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
+    plot(rows, out / "attention_bwd.png")
+    print(f"wrote {path}")
+    for key, value in summary.items():
+        print(f"  {key}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

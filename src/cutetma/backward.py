@@ -1,0 +1,132 @@
+"""The torch face of the attention backward: ``attention_backward`` (validate -> launch) and
+the custom op behind ``cutetma.attention``'s autograd formula (registered in ``ops``, which
+imports this module when a gradient is first asked for).
+
+Given the forward's inputs, its output and LSE, and dO, it makes D = rowsum(dO * O) (fp32,
+(b, h, s_q); minus the LSE's own gradient where the LSE was used), zeroes an fp32 dQ
+accumulator, launches ``FlashAttentionBackwardSm90`` (one CTA per key block; dQ added into
+the accumulator, dK and dV written per query head in fp32) and converts: dQ to q's dtype, dK
+and dV summed over each K/V head's group of query heads (GQA / MQA) and converted to k's::
+
+    out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
+
+Through autograd: ``cutetma.attention(q, k, v)`` with inputs that require grad.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from cutetma import runtime
+from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
+from cutetma.tuning import gemm as gemm_tuning
+
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, *, causal: bool = False,
+                       softmax_scale: float | None = None, load: str = "tma",
+                       dlse: torch.Tensor | None = None) -> tuple:
+    """(dq, dk, dv) of ``cutetma.attention(q, k, v, causal=..., softmax_scale=...)`` at
+    ``dout``, from its ``out`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32; ``dlse``: the
+    gradient of the LSE where the caller used it (None: not used). ``load``: the producer
+    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}."""
+    _check(dout, q, k, v, out, lse, dlse, load)
+    b, s_q, h, d = q.shape
+    s_k, h_kv = k.shape[1], k.shape[2]
+    if q.numel() == 0 or s_k == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if gemm_tuning.deterministic_mode():
+        message = ("cutetma.attention's backward adds dQ's key-block contributions in the "
+                   "order they arrive (fp32 reductions), which is not deterministic, but "
+                   "torch.use_deterministic_algorithms(True) is set; no deterministic mode "
+                   "is built yet")
+        if not torch.is_deterministic_algorithms_warn_only_enabled():
+            raise RuntimeError(message)
+        warnings.warn(message, stacklevel=2)
+    q, k, v, dout = (_aligned(x) for x in (q, k, v, dout))
+    dsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
+    if dlse is not None:
+        dsum = dsum - dlse.float()
+    dsum = dsum.contiguous()
+    lse = lse.float().contiguous()
+    dq = torch.zeros(b, s_q, h, d, device=q.device, dtype=torch.float32)
+    dk = torch.empty(b, s_k, h, d, device=q.device, dtype=torch.float32)
+    dv = torch.empty_like(dk)
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    launch = runtime.attention_backward_launch(
+        q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load))
+    strides = tuple(x.stride(i) for x in (q, k, v, dout) for i in (1, 2, 0))
+    launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+            dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            b, s_q, s_k, h, h_kv) + strides
+           + (scale, torch.cuda.current_stream(q.device).cuda_stream))
+    if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it
+        dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
+        dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _check(dout, q, k, v, out, lse, dlse, load) -> None:
+    for name, t in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be (batch, seqlen, heads, head_dim), got "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}: float16 or bfloat16")
+        if t.device.type != "cuda" or t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}: the backward needs every tensor on "
+                             f"q's CUDA device ({q.device})")
+    if not (q.dtype == k.dtype == v.dtype == dout.dtype == out.dtype):
+        raise TypeError("dout, q, k, v and out must share one dtype")
+    b, s_q, h, d = q.shape
+    if dout.shape != q.shape or out.shape != q.shape:
+        raise ValueError(f"dout and out must be shaped like q {tuple(q.shape)}, got "
+                         f"{tuple(dout.shape)} and {tuple(out.shape)}")
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k and v must be (b={b}, s_k, h_kv, d={d}) alike, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[2] == 0 or h % k.shape[2]:
+        raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} key/value heads")
+    if d not in BACKWARD_HEAD_DIMS:
+        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_HEAD_DIMS}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is None and name == "dlse":
+            continue
+        if not isinstance(t, torch.Tensor) or t.shape != (b, h, s_q) or t.device != q.device:
+            raise ValueError(f"{name} must be a (b, h, s_q) = {(b, h, s_q)} tensor on "
+                             f"{q.device}, as the forward returns it")
+    if load not in ("tma", "cp_async"):
+        raise ValueError(f"load={load!r}: 'tma' or 'cp_async'")
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as it is when d is contiguous and its base and strides keep 16-byte rows (TMA's
+    rule), else a fresh contiguous copy."""
+    if x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(
+            s * x.element_size() % 16 == 0 for s in x.stride()[:-1]):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("cutetma::attention_backward", mutates_args=())
+def _attention_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                           dlse: torch.Tensor | None, causal: bool,
+                           softmax_scale: float | None, load: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.ops.cutetma.attention_backward(dout, q, k, v, out, lse, dlse, causal,
+    softmax_scale, load) -> (dq, dk, dv)``."""
+    return attention_backward(dout, q, k, v, out, lse, causal=causal,
+                              softmax_scale=softmax_scale, load=load, dlse=dlse)
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, causal, softmax_scale, load):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -1,0 +1,497 @@
+"""``FlashAttentionBackwardSm90``: dQ, dK, dV of ``softmax(Q K^T * scale) V`` on Hopper, the
+load mechanism a parameter (FlashAttention-3's structure; ``BackwardConfig``).
+
+One CTA per (key block n, head, batch): its 128 keys' K and V stay in shared memory while it
+walks the query blocks that see them, 64 queries at a time. Per query block m::
+
+    producer        Q_m, dO_m (TMA, or cp.async by a warpgroup) ---> Q / dO ring (full /
+                    K_n, V_n once, on their own barrier                empty pairs)
+    consumer WG w   S^T  = K_w Q_m^T     dP^T = V_w dO_m^T           (SS WGMMA: keys on M,
+      (w = 0, 1:                                                       so P^T and dS^T are
+       keys 64 w ..  P^T  = exp2(S^T scale log2 e - LSE log2 e)        A fragments as they
+       64 w + 63)    dS^T = P^T (dP^T - D)                             lie, no shuffles)
+                    dV_w += P^T dO_m      dK_w += dS^T Q_m            (RS WGMMA; B: dO, Q seen
+                                                                       transposed in place)
+                    dS^T -> shared memory (this warpgroup's 64 rows), DS_READY barrier
+                    dQ_m[:, d half w] = dS K[:, d half w]              (SS WGMMA, all keys)
+                    release Q_m / dO_m; dQ_m * scale added into the fp32 dQ accumulator by
+                    8-byte reductions (red.global.add.v2.f32)
+    end             dK_w * scale, dV_w to fp32 outputs (one per query head: the torch face
+                    sums a K/V head's group)
+
+D = rowsum(dO * O) and the LSE (the forward's) come in as fp32 (b, h, s_q) tensors; the
+torch face (``cutetma.backward``) makes D, zeroes the dQ accumulator and converts it.
+Masking: keys past s_k, and (causal, bottom-right aligned) keys past a query's diagonal,
+get P = 0; rows past s_q come in as zeros (TMA's out-of-bounds fill, cp.async's zero
+vectors) with an LSE of +inf, so they add nothing. Both consumer warpgroups write their
+half of dS into one of two buffers (alternating by query block), so a warpgroup never
+overwrites a buffer the other may still read: to write block m + 2's dS it must have passed
+block m + 1's DS_READY, which the other reaches only after finishing block m's dQ.
+
+Constraints: d in {64, 128} (d = 256 needs dK / dV tiles transposed, as FlashAttention-3's,
+not built); the fp32 reductions make dQ's low bits depend on the order the key blocks
+arrive in (no deterministic mode yet: the torch face refuses under
+``torch.use_deterministic_algorithms``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from cutetma import dsl
+from cutetma.copy import cpasync as cpa
+from cutetma.copy import loader as loaders
+from cutetma.copy import tma
+from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, BackwardConfig
+from cutetma.kernels.attention.kernel import FlashAttentionSm90
+from cutetma.kernels.barriers import BackwardBarrier
+
+cutlass, cute = dsl.cutlass()
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cuda.bindings import driver as cuda  # noqa: E402
+from cutlass import pipeline  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.tensor_utils import LayoutEnum  # noqa: E402
+
+
+def _smem_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
+    """A (rows, cols, stages) row-major shared-memory layout (cols contiguous) whose swizzle
+    atom spans ``atom_cols`` columns: the widest atom that keeps a transposed view's slices
+    atom-aligned (K seen as K^T is split by column halves between the dQ warpgroups)."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols), dtype)
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def _transposed(sX):
+    """The (rows, cols, stages) shared-memory tensor ``sX`` seen as (cols, rows, stages): the
+    same bytes, so a K-major operand is also the MN-major operand of its transpose."""
+    shape = (sX.shape[1], sX.shape[0], sX.shape[2])
+    return cute.composition(sX, cute.make_ordered_layout(shape, order=(1, 0, 2)))
+
+
+class FlashAttentionBackwardSm90:
+    def __init__(self, config: BackwardConfig):
+        self.cfg = config
+        self.loader = loaders.make_loader(config.load)
+
+    # ------------------------------------------------------------------------ host
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mD: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q, h, b) fp32;
+        mdQ: (s_q, d, h, b) fp32, added into (zeros on entry); mdK, mdV: (s_k, d, h, b)
+        fp32, one per query head."""
+        cfg = self.cfg
+        dtype = mQ.element_type
+        aligned = FlashAttentionSm90._aligned_strides
+        mQ, mK, mV, mdO = (aligned(x) for x in (mQ, mK, mV, mdO))
+        d, bm, bn = cfg.head_dim, cfg.block_m, cfg.block_n
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        f32 = cutlass.Float32
+        # S^T and dP^T: (keys, queries), a warpgroup per 64 keys
+        sdp_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, f32,
+                                              (cfg.consumers, 1, 1), tiler_mn=(64, bm))
+        # dV and dK: (keys, d), the A operand (P^T, dS^T) from registers
+        dkv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
+                                              (cfg.consumers, 1, 1), tiler_mn=(64, d),
+                                              a_source=warpgroup.OperandSource.RMEM)
+        # dQ: (queries, d), the warpgroups splitting d
+        dq_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
+                                             (1, cfg.consumers, 1),
+                                             tiler_mn=(64, d // cfg.consumers))
+        half_d = d // cfg.consumers
+        sK_layout = _smem_layout(dtype, bn, d, 1, min(half_d, 64))
+        sQ_layout = _smem_layout(dtype, bm, d, cfg.stages, min(d, 64))
+        sdS_layout = _smem_layout(dtype, bm, bn, 2, 64)
+        tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
+        tma_do, mdO_tma = tma.load_atom(mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
+        tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+        tma_v, mV_tma = tma.load_atom(mV, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+
+        @cute.struct
+        class Storage:
+            kv_full: cute.struct.MemRange[cutlass.Int64, 1]
+            qdo_barriers: cute.struct.MemRange[cutlass.Int64, 2 * cfg.stages]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+
+        self.storage = Storage
+        grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
+        self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mV,
+                    mdO, mLSE, mD, mdQ, mdK, mdV, sdp_mma, dkv_mma, dq_mma, sK_layout,
+                    sQ_layout, sdS_layout, softmax_scale).launch(
+            grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
+                      pdO: cute.Pointer, pLSE: cute.Pointer, pD: cute.Pointer,
+                      pdQ: cute.Pointer, pdK: cute.Pointer, pdV: cute.Pointer,
+                      batch: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
+                      heads: cutlass.Int32, heads_kv: cutlass.Int32,
+                      q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
+                      k_s: cutlass.Int64, k_h: cutlass.Int64, k_b: cutlass.Int64,
+                      v_s: cutlass.Int64, v_h: cutlass.Int64, v_b: cutlass.Int64,
+                      do_s: cutlass.Int64, do_h: cutlass.Int64, do_b: cutlass.Int64,
+                      softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
+        (b, s, h, d) inputs Q, K, V, dO (d contiguous); the LSE and D contiguous (b, h, s_q)
+        fp32; dQ (b, s_q, h, d), dK and dV (b, s_k, h, d) contiguous fp32."""
+        d = self.cfg.head_dim
+
+        def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
+            return cute.make_tensor(pointer, cute.make_layout(
+                (seqlen, d, count, batch), stride=(s, 1, h, b)))
+
+        def packed(pointer, seqlen):  # contiguous (b, s, h, d) fp32 -> (s, d, h, b)
+            row = cutlass.Int64(heads) * d
+            return view(pointer, seqlen, heads, row, cutlass.Int64(d),
+                        row * cutlass.Int64(seqlen))
+
+        def stats(pointer):  # contiguous (b, h, s_q) fp32 -> (s_q, h, b)
+            per_head = cutlass.Int64(seqlen_q)
+            return cute.make_tensor(pointer, cute.make_layout(
+                (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+
+        self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
+             view(pV, seqlen_k, heads_kv, v_s, v_h, v_b),
+             view(pdO, seqlen_q, heads, do_s, do_h, do_b), stats(pLSE), stats(pD),
+             packed(pdQ, seqlen_q), packed(pdK, seqlen_k), packed(pdV, seqlen_k),
+             softmax_scale, stream)
+
+    # ------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_do: cute.CopyAtom,
+               mdO_tma: cute.Tensor, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
+               tma_v: cute.CopyAtom, mV_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
+               mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
+               mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, sdp_mma: cute.TiledMma,
+               dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
+               sK_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, softmax_scale: cutlass.Float32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
+        if cutlass.const_expr(cfg.load == "tma"):
+            if warp == 0:
+                for atom in (tma_q, tma_do, tma_k, tma_v):
+                    tma.prefetch(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
+        smem = SimpleNamespace(
+            sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner))
+        kv_full = storage.kv_full.data_ptr()
+        dtype = mQ.element_type
+        tile_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        pipe = self.loader.make_pipeline(storage.qdo_barriers.data_ptr(), cfg.stages,
+                                         WARPGROUP, 4 * cfg.consumers, 2 * tile_bytes)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(kv_full, self.loader.barrier_count(WARPGROUP))
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()
+
+        n_block, head, batch = cute.arch.block_idx()
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        kv_head = head // (mQ.shape[2] // mK.shape[2])  # GQA: the query head's K/V head
+        m_lo, m_hi = self._query_blocks(n_block, seqlen_q, seqlen_k)
+        tile = SimpleNamespace(n_block=n_block, head=head, batch=batch, kv_head=kv_head,
+                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, m_lo=m_lo, m_hi=m_hi)
+        producer_regs, consumer_regs = cfg.registers
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(producer_regs)
+            if cutlass.const_expr(cfg.load == "tma"):
+                if warp == 0:
+                    self.produce(pipe, kv_full, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma,
+                                 tma_v, mV_tma, smem, tile,
+                                 2 * cute.size_in_bytes(dtype, cute.slice_(sK_layout,
+                                                                           (None, None, 0))))
+            else:
+                self.produce_cp_async(pipe, kv_full, mQ, mdO, mK, mV, smem, tile)
+        else:
+            cute.arch.setmaxregister_increase(consumer_regs)
+            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, mdQ, mdK,
+                         mdV, tile, softmax_scale)
+
+    @cute.jit
+    def _query_blocks(self, n_block, seqlen_q, seqlen_k):
+        """The query blocks [lo, hi) that see key block ``n_block``: all of them, or
+        (causal, bottom-right: query q sees key k iff k <= q + s_k - s_q) those from the
+        first query whose diagonal reaches the block's first key."""
+        cfg = self.cfg
+        hi = cute.ceil_div(seqlen_q, cfg.block_m)
+        lo = cutlass.Int32(0)
+        if cutlass.const_expr(cfg.causal):
+            first_query = n_block * cfg.block_n - (seqlen_k - seqlen_q)
+            lo = cutlass.min(cutlass.max(first_query, 0) // cfg.block_m, hi)
+        return lo, hi
+
+    # ------------------------------------------------------------------------ producers
+    @cute.jit
+    def produce(self, pipe, kv_full, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v,
+                mV_tma, smem, tile, kv_bytes):
+        """One warp: K_n and V_n once (the kv_full barrier), then Q_m and dO_m of every query
+        block into the next free stage (one barrier per stage for both)."""
+        cfg = self.cfg
+        d = cfg.head_dim
+        n, head, batch, kv_head = tile.n_block, tile.head, tile.batch, tile.kv_head
+        tKsK, tKgK = tma.partition(tma_k, smem.sK, cute.local_tile(
+            mK_tma[(None, None, kv_head, batch)], (cfg.block_n, d), (None, 0)), box_rank=2)
+        tVsV, tVgV = tma.partition(tma_v, smem.sV, cute.local_tile(
+            mV_tma[(None, None, kv_head, batch)], (cfg.block_n, d), (None, 0)), box_rank=2)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(kv_full, kv_bytes)
+        cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, 0)], tma_bar_ptr=kv_full)
+        cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, 0)], tma_bar_ptr=kv_full)
+        tQsQ, tQgQ = tma.partition(tma_q, smem.sQ, cute.local_tile(
+            mQ_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
+        tOsO, tOgO = tma.partition(tma_do, smem.sdO, cute.local_tile(
+            mdO_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+        for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            self.loader.load(tma_q, tQgQ[(None, m)], tQsQ[(None, state.index)], bar)
+            self.loader.load(tma_do, tOgO[(None, m)], tOsO[(None, state.index)], bar)
+            pipe.producer_commit(state)
+            state.advance()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def produce_cp_async(self, pipe, kv_full, mQ, mdO, mK, mV, smem, tile):
+        """A warpgroup: the same tiles 16 bytes a thread into the same swizzled stages. Rows
+        past s_q or s_k are written as zeros (they meet real data in the products: 0 times
+        garbage can be NaN)."""
+        cfg = self.cfg
+        tidx = cute.arch.thread_idx()[0] % WARPGROUP
+        n, head, batch, kv_head = tile.n_block, tile.head, tile.batch, tile.kv_head
+
+        key0 = n * cfg.block_n
+        self._gather_rows(mK, key0, kv_head, batch, smem.sK, cfg.block_n, 0,
+                          tile.seqlen_k - key0, tidx)
+        self._gather_rows(mV, key0, kv_head, batch, smem.sV, cfg.block_n, 0,
+                          tile.seqlen_k - key0, tidx)
+        self.loader.commit(kv_full)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+        for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
+            pipe.producer_acquire(state)
+            q0 = m * cfg.block_m
+            self._gather_rows(mQ, q0, head, batch, smem.sQ, cfg.block_m, state.index,
+                              tile.seqlen_q - q0, tidx)
+            self._gather_rows(mdO, q0, head, batch, smem.sdO, cfg.block_m, state.index,
+                              tile.seqlen_q - q0, tidx)
+            pipe.producer_commit(state)
+            state.advance()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def _gather_rows(self, mX, first, head, batch, sX, rows, stage, valid, tidx):
+        """Rows ``first`` .. ``first + rows - 1`` of (head, batch) of ``mX`` into stage
+        ``stage`` of ``sX``, 16 bytes a thread per copy; rows from ``valid`` on are zeros."""
+        d = self.cfg.head_dim
+        vec = cpa.VECTOR_BYTES * 8 // mX.element_type.width
+        views = cpa.partition_stage(sX, (rows, d), tidx, WARPGROUP, 1)
+
+        def source(row, col):
+            return cute.local_tile(mX[(first + row, None, head, batch)], (vec,), (col // vec,))
+
+        cpa.load_gathered(views, stage, valid, 0, source, zero_past=True)
+
+    # ------------------------------------------------------------------------ consumers
+    @cute.jit
+    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, mdQ, mdK, mdV,
+                tile, softmax_scale):
+        """A consumer warpgroup: its 64 keys against every query block (the module
+        docstring's loop), then its rows of dK and dV."""
+        cfg = self.cfg
+        dtype = smem.sK.element_type
+        tidx, _, _ = cute.arch.thread_idx()
+        ctid = tidx - WARPGROUP
+        wg = ctid // WARPGROUP
+        first = wg * WARPGROUP  # the warpgroup's slice of each tiled MMA (its operands)
+        sdp_wg, dkv_wg, dq_wg = (m.get_slice(first) for m in (sdp_mma, dkv_mma, dq_mma))
+        sQt, sdOt, sKt = _transposed(smem.sQ), _transposed(smem.sdO), _transposed(smem.sK)
+        tSrK = sdp_mma.make_fragment_A(sdp_wg.partition_A(smem.sK))
+        tSrV = sdp_mma.make_fragment_A(sdp_wg.partition_A(smem.sV))
+        tSrQ = sdp_mma.make_fragment_B(sdp_wg.partition_B(smem.sQ))
+        tSrdO = sdp_mma.make_fragment_B(sdp_wg.partition_B(smem.sdO))
+        tVrdOt = dkv_mma.make_fragment_B(dkv_wg.partition_B(sdOt))
+        tKrQt = dkv_mma.make_fragment_B(dkv_wg.partition_B(sQt))
+        tQrdS = dq_mma.make_fragment_A(dq_wg.partition_A(smem.sdS))
+        tQrKt = dq_mma.make_fragment_B(dq_wg.partition_B(sKt))
+        # this thread's values: (key, query) of S^T, (query, d) of dQ, (key, d) of dK / dV
+        sdp_thr = sdp_mma.get_slice(ctid)
+        tScS = sdp_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.block_m)))
+        tQcQ = dq_mma.get_slice(ctid).partition_C(
+            cute.make_identity_tensor((cfg.block_m, cfg.head_dim)))
+        # dS^T goes into shared memory as it lies in the accumulator: (keys, queries, buffer)
+        sdSt = _transposed(smem.sdS)
+        s_shape = sdp_wg.partition_shape_C((cfg.block_n, cfg.block_m))
+        acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        acc_dp = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        kv_shape = dkv_wg.partition_shape_C((cfg.block_n, cfg.head_dim))
+        acc_dv = cute.make_rmem_tensor(kv_shape, cutlass.Float32)
+        acc_dk = cute.make_rmem_tensor(kv_shape, cutlass.Float32)
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
+        acc_dq = cute.make_rmem_tensor(dq_wg.partition_shape_C((cfg.block_m, cfg.head_dim)),
+                                       cutlass.Float32)
+        # P^T and dS^T in 16 bits, element by element: the A fragments of dV and dK (the
+        # forward's P V argument: the m64nNk16 A layout is the accumulator's)
+        steps = cfg.block_m // 16
+        frag_a = cute.make_layout(((2, 2, 2), 1, steps), stride=((1, 2, 4), 0, 8))
+        tPr = cute.make_rmem_tensor(frag_a, dtype)
+        tdSr = cute.make_rmem_tensor(frag_a, dtype)
+        tPr_as_s = cute.make_tensor(tPr.iterator, acc_s.layout)
+        tdSr_as_s = cute.make_tensor(tdSr.iterator, acc_s.layout)
+        cols = self._column_offsets(sdp_mma)
+        lse = cute.make_rmem_tensor((len(cols.offsets),), cutlass.Float32)
+        dsum = cute.make_rmem_tensor((len(cols.offsets),), cutlass.Float32)
+        scale_log2 = softmax_scale * LOG2_E
+        ds_ready = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DS_READY),
+                                         num_threads=cfg.consumers * WARPGROUP)
+        dkv_mma.set(warpgroup.Field.ACCUMULATE, True)
+
+        cute.arch.mbarrier_wait(kv_full, 0)
+        if cutlass.const_expr(cfg.load == "cp_async"):
+            cute.arch.fence_view_async_shared()  # K, V came through the generic proxy
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        key0 = tile.n_block * cfg.block_n
+        for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
+            q0 = m * cfg.block_m
+            self._load_stats(mLSE, mD, lse, dsum, tScS, cols, q0, tile)
+            self.loader.consumer_wait(pipe, read)
+            stage = read.index
+            self._issue_ss(sdp_mma, acc_s, tSrK, tSrQ, 0, stage)
+            self._issue_ss(sdp_mma, acc_dp, tSrV, tSrdO, 0, stage)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self._mask(acc_s, tScS, key0, q0, tile)
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                c = cols.of[i]
+                p = cute.math.exp2(acc_s[i] * scale_log2 - lse[c], fastmath=True)
+                acc_s[i] = p
+                acc_dp[i] = p * (acc_dp[i] - dsum[c])
+            tPr_as_s.store(acc_s.load().to(dtype))
+            tdSr_as_s.store(acc_dp.load().to(dtype))
+            buf = (m - tile.m_lo) % 2
+            tSsdS = sdp_thr.partition_C(sdSt[(None, None, buf)])
+            for i in cutlass.range_constexpr(cute.size(tdSr_as_s)):
+                tSsdS[i] = tdSr_as_s[i]
+            cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
+            # dV += P^T dO and dK += dS^T Q, issued before waiting for the other warpgroup
+            warpgroup.fence()
+            self._issue_rs(dkv_mma, acc_dv, tPr, tVrdOt, stage)
+            self._issue_rs(dkv_mma, acc_dk, tdSr, tKrQt, stage)
+            warpgroup.commit_group()
+            ds_ready.arrive_and_wait()
+            self._issue_ss(dq_mma, acc_dq, tQrdS, tQrKt, buf, 0)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe, read)
+            read.advance()
+            self._add_dq(acc_dq, tQcQ, mdQ, q0, tile, softmax_scale)
+        self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
+                       softmax_scale)
+
+    def _column_offsets(self, sdp_mma):
+        """Trace-time: the distinct query columns of a thread's S^T values as offsets from
+        its value 0 (thread 0's partition: every thread's are the same plus its own base),
+        and each value's index among them (the LSE and D a thread needs: 16 of 64)."""
+        cfg = self.cfg
+        coords = sdp_mma.get_slice(0).partition_C(
+            cute.make_identity_tensor((cfg.block_n, cfg.block_m)))
+        values = [int(coords[i][1]) for i in range(cute.size(coords))]
+        offsets = sorted(set(values))
+        return SimpleNamespace(offsets=offsets, of=[offsets.index(c) for c in values])
+
+    @cute.jit
+    def _load_stats(self, mLSE, mD, lse, dsum, tScS, cols, q0, tile):
+        """This thread's queries' LSE (as log2, +inf past s_q or for a row that saw no key,
+        so its P is 0) and D (0 past s_q)."""
+        base = q0 + tScS[0][1]
+        for j in cutlass.range_constexpr(len(cols.offsets)):
+            q = base + cols.offsets[j]
+            lse[j] = cutlass.Float32.inf
+            dsum[j] = cutlass.Float32(0.0)
+            if q < tile.seqlen_q:
+                value = mLSE[q, tile.head, tile.batch]
+                if value != -cutlass.Float32.inf:
+                    lse[j] = value * LOG2_E
+                dsum[j] = mD[q, tile.head, tile.batch]
+
+    @cute.jit
+    def _mask(self, acc_s, tScS, key0, q0, tile):
+        """-inf for keys past s_k and (causal) past a query's diagonal; only where the block
+        has such keys."""
+        cfg = self.cfg
+        offset = tile.seqlen_k - tile.seqlen_q
+        needs = key0 + cfg.block_n > tile.seqlen_k
+        if cutlass.const_expr(cfg.causal):
+            needs = needs | (key0 + cfg.block_n - 1 > q0 + offset)
+        if needs:
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                key, query = tScS[i]
+                key = key0 + key
+                dead = key >= tile.seqlen_k
+                if cutlass.const_expr(cfg.causal):
+                    dead = dead | (key > q0 + query + offset)
+                if dead:
+                    acc_s[i] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _issue_ss(self, mma, acc, tA, tB, a_stage, b_stage):
+        """acc = A B^T over the k-steps, both operands in shared memory (not committed)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(mma, acc, tA[(None, None, kb, a_stage)], tB[(None, None, kb, b_stage)],
+                      acc)
+
+    @cute.jit
+    def _issue_rs(self, mma, acc, tA, tB, b_stage):
+        """acc += A B^T, A from registers (not committed)."""
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            cute.gemm(mma, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
+
+    @cute.jit
+    def _add_dq(self, acc_dq, tQcQ, mdQ, q0, tile, softmax_scale):
+        """dQ_m * scale added into the fp32 accumulator, a pair of columns per 8-byte
+        reduction (the accumulator's values 2 i and 2 i + 1 are adjacent columns)."""
+        for i in cutlass.range_constexpr(cute.size(acc_dq) // 2):
+            row, col = tQcQ[2 * i]
+            q = q0 + row
+            if q < tile.seqlen_q:
+                pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+                pair[0] = acc_dq[2 * i] * softmax_scale
+                pair[1] = acc_dq[2 * i + 1] * softmax_scale
+                dst = cute.local_tile(mdQ[(q, None, tile.head, tile.batch)], (2,), (col // 2,))
+                cute.arch.red(dst.iterator, pair.load().ir_value(), op="add", dtype="f32",
+                              sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def _store_kv(self, acc_dk, acc_dv, kv_thr, mdK, mdV, key0, tile, softmax_scale):
+        """dK * scale and dV, this thread's rows below s_k, 8 bytes per store."""
+        cfg = self.cfg
+        tKcK = kv_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.head_dim)))
+        for i in cutlass.range_constexpr(cute.size(acc_dk) // 2):
+            row, col = tKcK[2 * i]
+            key = key0 + row
+            if key < tile.seqlen_k:
+                pair = cute.make_rmem_tensor((2,), cutlass.Float32)
+                pair[0] = acc_dk[2 * i] * softmax_scale
+                pair[1] = acc_dk[2 * i + 1] * softmax_scale
+                cute.autovec_copy(pair, cute.local_tile(
+                    mdK[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))
+                pair[0] = acc_dv[2 * i]
+                pair[1] = acc_dv[2 * i + 1]
+                cute.autovec_copy(pair, cute.local_tile(
+                    mdV[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))

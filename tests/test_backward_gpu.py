@@ -1,0 +1,124 @@
+"""The attention backward on the H200: dq, dk, dv against fp32 references of the same inputs,
+with flash-attention's rule (our error at most twice that of torch computing in the inputs'
+dtype, plus a small absolute term), both producers, odd lengths, s_q != s_k both ways,
+GQA / MQA, causal and not; and autograd through ``cutetma.attention``."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def inputs(b, s_q, s_k, h, h_kv, d, dtype, seed=0):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = getattr(torch, dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).to(t)
+
+    return randn(b, s_q, h, d), randn(b, s_k, h_kv, d), randn(b, s_k, h_kv, d), \
+        randn(b, s_q, h, d)
+
+
+def check(b, s_q, s_k, h, h_kv, d, causal, load="tma", dtype="bfloat16"):
+    import torch
+
+    import cutetma
+    from cutetma.reference import attention_grads_ref
+
+    q, k, v, dout = inputs(b, s_q, s_k, h, h_kv, d, dtype)
+    out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
+    grads = cutetma.attention_backward(dout, q, k, v, out, lse, causal=causal, load=load)
+    torch.cuda.synchronize()
+    ref = attention_grads_ref(dout, q, k, v, causal)
+    low = attention_grads_ref(dout, q, k, v, causal, dtype=q.dtype)
+    for name, ours, want, peer, x in zip(("dq", "dk", "dv"), grads, ref, low, (q, k, v),
+                                         strict=True):
+        assert ours.shape == x.shape and ours.dtype == x.dtype, name
+        assert not ours.isnan().any(), f"{name} has NaN"
+        err = (ours.float() - want).abs().max().item()
+        peer_err = (peer - want).abs().max().item()
+        bound = 2 * peer_err + 1e-3 * want.abs().max().item() + 1e-4
+        assert err <= bound, f"{name}: error {err:.3g} > {bound:.3g} (torch {dtype}: " \
+                             f"{peer_err:.3g})"
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_square(d, causal, load):
+    check(2, 512, 512, 4, 4, d, causal, load)
+
+
+@pytest.mark.parametrize("s_q,s_k", [(333, 333), (100, 300), (300, 100), (1, 129), (77, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_odd_lengths(s_q, s_k, causal):
+    """Tails in both lengths; bottom-right causal with fewer queries than keys and more
+    (rows that see no key get zero gradients)."""
+    check(1, s_q, s_k, 2, 2, 128, causal)
+
+
+@pytest.mark.parametrize("h,h_kv", [(6, 2), (4, 1)])
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_gqa(h, h_kv, load):
+    check(2, 256, 384, h, h_kv, 128, True, load)
+
+
+def test_fp16():
+    check(1, 384, 384, 4, 2, 64, True, dtype="float16")
+
+
+def test_autograd_through_attention():
+    """loss.backward() through cutetma.attention gives the backward's gradients, the LSE's
+    own gradient included when the LSE is used."""
+
+    import cutetma
+    from cutetma.reference import attention_ref
+
+    q, k, v, dout = inputs(1, 200, 300, 4, 2, 128, "bfloat16", seed=1)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out, lse = cutetma.attention(*leaves, causal=True, return_lse=True)
+    ((out.float() * dout.float()).sum() + lse.sum()).backward()
+    ref = [x.detach().float().requires_grad_(True) for x in (q, k, v)]
+    out_ref, lse_ref = attention_ref(*ref, causal=True)
+    ((out_ref * dout.float()).sum() + lse_ref.sum()).backward()
+    for ours, want in zip(leaves, ref, strict=True):
+        err = (ours.grad.float() - want.grad).abs().max().item()
+        assert err <= 0.02 * want.grad.abs().max().item() + 1e-3, err
+
+
+def test_torch_compile_and_opcheck():
+    import torch
+
+    import cutetma
+
+    q, k, v, dout = inputs(1, 128, 128, 2, 2, 64, "bfloat16", seed=2)
+
+    def loss(q, k, v):
+        return (cutetma.attention(q, k, v, causal=True).float() * dout.float()).sum()
+
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    torch.compile(loss, fullgraph=True)(*leaves).backward()
+    eager = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    loss(*eager).backward()
+    for a, b in zip(leaves, eager, strict=True):
+        assert torch.equal(a.grad, b.grad)
+    out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
+    torch.library.opcheck(torch.ops.cutetma.attention_backward.default,
+                          (dout, q, k, v, out, lse, None, True, None, "tma"))
+
+
+def test_deterministic_mode_refuses():
+    import torch
+
+    import cutetma
+
+    q, k, v, dout = inputs(1, 64, 64, 1, 1, 64, "bfloat16")
+    out, lse = cutetma.attention(q, k, v, return_lse=True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="deterministic"):
+            cutetma.attention_backward(dout, q, k, v, out, lse)
+    finally:
+        torch.use_deterministic_algorithms(False)

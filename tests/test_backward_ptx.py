@@ -1,0 +1,120 @@
+"""The attention backward compiled for sm_90a on the CPU: its GEMMs, reductions and loads in
+the PTX, ptxas's verdict (no serialized WGMMA, spills bounded), its configuration's rules, the
+prepared launch's argument list, and the torch face's checks before any launch."""
+
+import re
+import shutil
+
+import pytest
+
+from cutetma.kernels import build
+from cutetma.kernels.attention.config import BackwardConfig
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_ptx(d, load):
+    """Per query block and consumer warpgroup: S^T and dP^T (d / 16 m64n64k16 steps each),
+    dV and dK (4 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps, the warpgroups splitting
+    d); dQ leaves by 8-byte fp32 reductions; the producer is TMA's or cp.async's."""
+    ptx = build.compile_attention_backward(BackwardConfig(head_dim=d, load=load)).ptx
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)
+    counts = {s: shapes.count(s) for s in set(shapes)}
+    want: dict = {}
+    for shape, steps in (("m64n64k16", 2 * d // 16), (f"m64n{d}k16", 8),
+                         (f"m64n{d // 2}k16", 8)):
+        want[shape] = want.get(shape, 0) + steps
+    assert counts == want
+    assert len(re.findall(r"red\.relaxed\.gpu\.global\.add\.v2\.f32", ptx)) == d // 8
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
+    cp_async = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))
+    assert (tma_loads > 0, cp_async > 0) == ((True, False) if load == "tma" else (False, True))
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_ptxas(causal, load):
+    """No WGMMA serialized (C7512 / C7520), spills at most a few registers' worth."""
+    log = build.ptxas_log(build.compile_attention_backward(
+        BackwardConfig(head_dim=128, causal=causal, load=load)).ptx)
+    assert "serialized" not in log
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spills and max(spills) <= 128, log
+
+
+def test_backward_config_rules():
+    with pytest.raises(ValueError, match="head_dim=256"):
+        BackwardConfig(head_dim=256)
+    with pytest.raises(ValueError, match="load"):
+        BackwardConfig(load="ldgsts")
+    with pytest.raises(ValueError, match="64 queries x 128 keys"):
+        BackwardConfig(block_m=128)
+    cfg = BackwardConfig()
+    assert (cfg.threads, cfg.registers) == (384, (24, 240))
+    assert cfg.smem_bytes() <= 227 * 1024
+
+
+def test_backward_launch_args_match_the_dsl():
+    """``runtime.BackwardLaunch`` hands the compiled program the argument list the DSL's own
+    call builds (each value checked behind its address)."""
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import make_ptr
+
+    from cutetma import dsl, runtime
+
+    cutlass, cute = dsl.cutlass()
+    launch = runtime.attention_backward_launch(torch.bfloat16, BackwardConfig(head_dim=64))
+    bases = [0x7F0000000000 + i * 0x100000 for i in range(9)]
+    big = 1 << 33
+    sizes = (2, 1000, 4097, 16, 4)
+    strides = tuple(big + 16 * i for i in range(12))
+    values = (*bases, *sizes, *strides, 0.125, 0xABC)
+    ours = launch.args(values)
+
+    def ptr(address, dtype, align):
+        return make_ptr(getattr(cutlass, dtype), address, cute.AddressSpace.gmem,
+                        assumed_align=align)
+
+    keep = ([ptr(a, "BFloat16", 16) for a in bases[:4]]
+            + [ptr(a, "Float32", 4) for a in bases[4:6]]
+            + [ptr(a, "Float32", 16) for a in bases[6:]])
+    theirs, _ = launch.compiled.generate_execution_args(
+        *keep, *sizes, *strides, cutlass.Float32(0.125), cuda.CUstream(0xABC))
+    assert len(ours) == len(theirs) == len(runtime.BackwardLaunch.SLOTS) == 28
+
+    def address(p):
+        return p.value if isinstance(p, ctypes.c_void_p) else int(p)
+
+    for i, (mine, dsl_arg) in enumerate(zip(ours, theirs, strict=True)):
+        kind = runtime.BackwardLaunch.SLOTS[i]
+        assert kind.from_address(address(mine)).value == values[i], i
+        assert kind.from_address(address(dsl_arg)).value == values[i], i
+
+
+def test_backward_checks_before_launch():
+    """Bad input is refused on the host, before any kernel: no GPU needed."""
+    import torch
+
+    import cutetma
+
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.zeros(*shape, dtype=dtype)
+
+    q, k = t(1, 8, 2, 64), t(1, 8, 2, 64)
+    lse = t(1, 2, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.attention_backward(q, q, k, k, q, lse)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        cutetma.attention_backward(q.float(), q, k, k, q, lse)
+    with pytest.raises(ValueError, match="CUDA|head_dim"):
+        cutetma.attention_backward(t(1, 8, 2, 256), t(1, 8, 2, 256), t(1, 8, 2, 256),
+                                   t(1, 8, 2, 256), t(1, 8, 2, 256), lse)
+    # the differentiable call reaches the same checks through the custom op
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.attention(q.requires_grad_(True), k, k)
+    with pytest.raises(ValueError, match="no config"):
+        cutetma.attention(q, k, k, config=cutetma.AttentionConfig(head_dim=64))
