@@ -246,3 +246,20 @@ def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsy
     assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     assert "10 already there" in capsys.readouterr().out
+
+
+def test_backward_entries(cache_dir, capsys):
+    """``cache warm --backward``: the backward's kernel per (head dim it has, causal), d = 256
+    left out; compiled once, then a hit."""
+    from cutetma.cli import main
+    from cutetma.runtime import warm
+
+    entries = warm.backward_entries(warm.ATTENTION_PRESET, ["bfloat16"], ["tma"])
+    assert [e.name() for e in entries] == [
+        f"attention backward bf16 d={d}{c} tma" for d in (64, 128) for c in ("", " causal")]
+    args = ["cache", "warm", "--attention", "64", "--backward", "--dtypes", "bfloat16",
+            "--jobs", "1"]
+    assert main(args) == 0
+    assert re.search(r"2 entries: \d+ compiled", capsys.readouterr().out)
+    assert main(args) == 0
+    assert "2 already there" in capsys.readouterr().out

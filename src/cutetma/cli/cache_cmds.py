@@ -195,6 +195,9 @@ def run_cache_warm(args) -> int:
     if args.paged is not None:  # the head dims and masks of --attention, else the preset's
         entries += warm.paged_entries(args.paged, specs or warm.ATTENTION_PRESET, args.dtypes,
                                       args.load)
+    if args.backward:
+        entries += warm.backward_entries(specs or warm.ATTENTION_PRESET, args.dtypes,
+                                         args.load)
     jobs = min(args.jobs, len(entries)) if entries else 1
     machine = ("this GPU's SM count, cluster occupancy and probed tile order" if gpu else
                f"no GPU here: GEMMs as on an H200 ({warm.H200_SMS} SMs, {warm.H200_SMS} // "

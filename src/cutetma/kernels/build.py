@@ -161,6 +161,7 @@ def showcase_kernels():
     sm_90a and returns the data-movement and MMA instructions its PTX issues (one pair per
     kernel, so a caller can report progress kernel by kernel)."""
     from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.attention.config import BackwardConfig
     from cutetma.kernels.gemm_config import GemmConfig
 
     def instructions(compile_fn, *args):
@@ -183,7 +184,9 @@ def showcase_kernels():
                    compile_paged_attention, AttentionConfig(page_size=64, pack_gqa=True,
                                                             split_kv=True), "BFloat16")),
               ("gemm fp8 e4m3, row scales", instructions(
-                   compile_scaled_gemm, GemmConfig(tile_n=128, tile_k=128, scaling="row")))]
+                   compile_scaled_gemm, GemmConfig(tile_n=128, tile_k=128, scaling="row"))),
+              ("attention backward d=128 tma", instructions(
+                   compile_attention_backward, BackwardConfig()))]
     return pairs
 
 

@@ -85,8 +85,9 @@ class Entry:
             return (f"paged attention {SHORT[self.dtype]} d={cfg.head_dim}"
                     f"{' causal' if cfg.causal else ''} page {cfg.page_size} {kind} "
                     f"{cfg.load}")
-        if self.op == "attention":
-            return (f"attention {SHORT[self.dtype]} d={cfg.head_dim}"
+        if self.op in ("attention", "backward"):
+            kind = "attention backward" if self.op == "backward" else "attention"
+            return (f"{kind} {SHORT[self.dtype]} d={cfg.head_dim}"
                     f"{' causal' if cfg.causal else ''} {cfg.load}")
         parts = [f"gemm {SHORT[self.dtype]} {cfg.tile_m}x{cfg.tile_n}"]
         if cfg.cluster_m * cfg.cluster_n > 1:
@@ -212,6 +213,17 @@ def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> 
                      for dtype in dtypes for load in loads for d, causal in specs)
 
 
+def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
+    """The attention backward's kernel (``cutetma.attention_backward``, autograd through
+    ``cutetma.attention``) for each (head dim it supports, causal), dtype and load."""
+    from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
+
+    return _distinct(Entry("backward", dtype, BackwardConfig(head_dim=d, causal=causal,
+                                                             load=load))
+                     for dtype in dtypes for load in loads for d, causal in specs
+                     if d in BACKWARD_HEAD_DIMS)
+
+
 # ---------------------------------------------------------------------------- compiling
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
@@ -303,6 +315,9 @@ def _launch(entry: Entry) -> None:
         return
     if entry.op == "combine":
         launch.combine_launch(dtype, entry.cfg)
+        return
+    if entry.op == "backward":
+        launch.attention_backward_launch(dtype, entry.cfg)
         return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)
