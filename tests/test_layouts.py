@@ -114,3 +114,18 @@ def test_dense_narrow_box_is_not_what_the_hardware_writes():
     grid = L._grid(case)
     assert not np.array_equal(L.placement(dense, 2, grid), model)
     assert np.array_equal(L.placement(pitched, 2, grid), model)
+
+
+@pytest.mark.parametrize("rows,cols,elem_bytes,mode", [
+    (64, 128, 2, "128B"), (128, 64, 2, "128B"), (64, 64, 2, "64B"), (64, 32, 2, "32B"),
+    (128, 128, 1, "128B")])
+def test_transposed_view_is_the_same_bytes_as_mn_major_atoms(rows, cols, elem_bytes, mode):
+    """The attention backward reads Q, dO and K both K-major and, transposed in place,
+    MN-major: CuTe's composition addresses the same byte at (c, r) as the stage at (r, c),
+    and every swizzle-atom block of the view is the DSL's MN-major atom."""
+    from cutetma import layouts
+
+    view = layouts.transposed_view(rows, cols, elem_bytes, mode)
+    assert view.same_bytes and view.atoms_are_mn_major
+    with pytest.raises(ValueError, match="swizzled"):
+        layouts.transposed_view(64, 64, 2, "none")

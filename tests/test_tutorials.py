@@ -32,6 +32,7 @@ EXPECTED = [
     "01_layouts_and_swizzle.py", "02_one_tma_load.py", "03_3d_tma_grouping.py",
     "04_tma_store.py", "05_pipeline.py", "06_multicast.py", "07_gemm.py", "08_attention.py",
     "09_cutting_k.py", "10_where_ctas_land.py", "11_paged_kv.py", "12_fp8.py",
+    "13_backward.py",
 ]
 DSL_MODULES = ("cutlass", "cuda")  # importing either before cutetma fixes the DSL's arch
 

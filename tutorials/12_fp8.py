@@ -123,8 +123,8 @@ def compiled() -> dict:
 
 
 def measured() -> str:
-    heading("4. Measured on the H200 (benchmarks/results/gemm.json, FP8 rows)")
-    path = ROOT / "benchmarks" / "results" / "gemm.json"
+    heading("4. Measured on the H200 (benchmarks/results/gemm_fp8.json)")
+    path = ROOT / "benchmarks" / "results" / "gemm_fp8.json"
     rows = []
     if path.exists():
         rows = [r for r in json.loads(path.read_text())["rows"]
@@ -135,7 +135,7 @@ def measured() -> str:
     for r in rows:
         cells = "  ".join(f"{k} {r[k]:.0f}" for k in ("tma", "cp_async", "torch_scaled_mm")
                           if r.get(k))
-        print(f"{r['M']}x{r['N']}x{r['K']} {r['scaling']}: {cells} TFLOP/s")
+        print(f"{r['M']}x{r['N']}x{r['K']} {r['scaling']}: {cells or 'not run'} TFLOP/s")
     return f"{len(rows)} FP8 rows measured."
 
 

@@ -405,3 +405,50 @@ def compare_case(case: Case, samples: int = 16, seed: int = 0) -> CaseResult:
         int(model.size),
         self_check,
     )
+
+
+@dataclasses.dataclass
+class TransposedView:
+    """``transposed_view``'s answer: the K-major stage, its transposed view, and the two
+    checks (the same bytes; every atom-sized block of the view laid out as the MN-major
+    atom, which is what a WGMMA descriptor for an MN-major operand describes)."""
+
+    stage: LayoutSpec
+    view: LayoutSpec
+    same_bytes: bool
+    atoms_are_mn_major: bool
+
+
+def transposed_view(rows: int, cols: int, elem_bytes: int = 2,
+                    swizzle_mode: str = "128B") -> TransposedView:
+    """The attention backward's reading of one stage two ways, checked with CuTe's algebra:
+    a (rows, cols) stage, cols contiguous (the DSL's K-major atom tiled rows first: Q, dO or
+    K as a TMA box lands), and its transposed view ``composition(stage, (cols, rows) ordered
+    (1, 0))``, the MN-major operand (cols, rows) of the same bytes (Q^T for dK = dS^T Q).
+    The view must address, at (c, r), the byte the stage addresses at (r, c), and each of its
+    span x 8 blocks must be the MN-major atom's image (so a WGMMA descriptor covers it)."""
+    m = hw.mode(swizzle_mode)
+    if not m.bits:
+        raise ValueError("transposed_view compares swizzled stages: 32B, 64B or 128B")
+
+    def build():
+        _, cute = dsl.cutlass()
+        stage = cute.tile_to_shape(_atom(atom_kind(m.name, "K"), elem_bytes), (rows, cols),
+                                   (0, 1))
+        view = cute.composition(stage, cute.make_ordered_layout((cols, rows), order=(1, 0)))
+        return _spec_from_cute(stage), _spec_from_cute(view)
+
+    stage, view = dsl.on_host(build)
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    at_stage = placement(stage, elem_bytes, (r, c))
+    at_view = placement(view, elem_bytes, (c, r))
+    span = m.span // elem_bytes  # elements of one swizzled row
+    atom = smem_atom(atom_kind(m.name, "MN"), elem_bytes)
+    n_in, k_in = np.meshgrid(np.arange(span), np.arange(8), indexing="ij")
+    want = placement(atom, elem_bytes, (n_in, k_in))
+    atoms_ok = True
+    for n0 in range(0, cols, span):
+        for k0 in range(0, rows, 8):
+            block = placement(view, elem_bytes, (n0 + n_in, k0 + k_in))
+            atoms_ok &= bool((block - block[0, 0] == want - want[0, 0]).all())
+    return TransposedView(stage, view, bool((at_stage == at_view).all()), atoms_ok)
