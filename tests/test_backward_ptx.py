@@ -118,3 +118,19 @@ def test_backward_checks_before_launch():
         cutetma.attention(q.requires_grad_(True), k, k)
     with pytest.raises(ValueError, match="no config"):
         cutetma.attention(q, k, k, config=cutetma.AttentionConfig(head_dim=64))
+
+
+def test_no_lane_elected_twice():
+    """A TMA copy elects its own lane; issued inside ``elect_one`` the lone elected lane runs
+    a full-warp ``elect.sync`` (undefined: it hung a backward on the H200). None in the
+    backward, the forward or the GEMM; the detector finds the pattern where it is."""
+    from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.gemm_config import GemmConfig
+
+    for ptx in (build.compile_attention_backward(BackwardConfig()).ptx,
+                build.compile_attention(AttentionConfig(head_dim=128), "BFloat16").ptx,
+                build.compile_gemm(GemmConfig(), "BFloat16").ptx):
+        assert build.nested_elects(ptx) == 0
+    nested = ("elect.sync %r1|%p1, -1;\n\tnot.pred %p2, %p1;\n\t@%p2 bra $L1;\n\t"
+              "elect.sync %r2|%p3, -1;\n")
+    assert build.nested_elects(nested) == 1

@@ -371,3 +371,15 @@ def compile_attention_backward(cfg, dtype_name: str = "BFloat16"):
                            *(pointer(cutlass.Float32, 16),) * 3, *(cutlass.Int32(1),) * 5,
                            *(cutlass.Int64(8),) * 12, cutlass.Float32(0.125),
                            make_fake_stream())
+
+
+NESTED_ELECT = re.compile(r"elect\.sync[^\n]*\n\s*not\.pred[^\n]*\n\s*@%p\d+ bra[^\n]*\n\s*"
+                          r"elect\.sync")
+
+
+def nested_elects(ptx: str) -> int:
+    """How often one lane, already elected (``elect_one``), runs another ``elect.sync`` over
+    the full warp: a DSL TMA copy elects its own lane, so a copy inside ``elect_one`` does
+    this, and elect.sync with lanes of its mask missing is undefined (it hung a kernel on the
+    H200). 0 for a sound kernel."""
+    return len(NESTED_ELECT.findall(ptx))
