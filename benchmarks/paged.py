@@ -148,6 +148,11 @@ def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False)
         load: (lambda load=load: cutetma.attention_with_kvcache(
             q, k_cache, v_cache, lens, table, causal=causal, load=load))
         for load in loads}
+    if causal and "tma" in loads and q.shape[1] > 1:  # prefill and chunked, not decode
+        # the candidate wait for P V (tuning.attention.PAGED_PV_WAIT), timed beside the default
+        columns["tma_late"] = lambda: with_paged_pv_wait(
+            (q.shape[-1], causal), "late", lambda: cutetma.attention_with_kvcache(
+                q, k_cache, v_cache, lens, table, causal=causal, load="tma"))
     columns["dense"] = lambda: cutetma.attention(q, k, v, causal=causal)
     peer, why = fa4()
     if peer is not None:
@@ -158,6 +163,21 @@ def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False)
     else:
         row["fa4_error"] = why
     return columns
+
+
+def with_paged_pv_wait(key, choice: str, call):
+    """``call()`` with ``PAGED_PV_WAIT[key] = choice`` (the paged plans made afresh on both
+    sides, so neither setting's plan is reused by the other)."""
+    from cutetma import kvcache
+    from cutetma.tuning import attention as attention_tuning
+
+    kvcache.clear_plans()
+    attention_tuning.PAGED_PV_WAIT[key] = choice
+    try:
+        return call()
+    finally:
+        del attention_tuning.PAGED_PV_WAIT[key]
+        kvcache.clear_plans()
 
 
 def timed_row(problem, causal: bool, loads, row: dict, work: float, rounds: int,
@@ -222,6 +242,9 @@ def summarize(rows) -> dict:
         for other in ("cp_async", "fa4"):
             pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
             out[f"{phase}_tma_over_{other}"] = geomean(pairs)
+        late = [(r["tma_late"], r["tma"]) for r in mine if r.get("tma_late") and r.get("tma")]
+        if late:
+            out[f"{phase}_late_over_early"] = geomean(late)
     return out
 
 

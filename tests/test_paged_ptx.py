@@ -286,3 +286,21 @@ def test_check_contents_names_the_bad_entry():
     for cu in ([1, 2, 5], [0, 3, 2], [0, 2, 6]):
         with pytest.raises(ValueError, match="cu_seqlens_q"):
             check_cache_contents(q, cache, lens, table, torch.tensor(cu, dtype=torch.int32))
+
+
+def test_late_wait_computes_p_once_in_the_paged_causal_kernel():
+    """The candidate for ``tuning.attention.PAGED_PV_WAIT``: with the wait for P V behind the
+    loop's back edge ("late") the paged causal kernel computes exp2 as often as the dense
+    one (P once per key block); with "early" its PTX has more (P computed again after the
+    wait: docs/perf-log.md)."""
+    dense = build.compile_attention(AttentionConfig(head_dim=128, causal=True), "BFloat16",
+                                    as_from_dlpack=True).ptx.count("ex2.approx")
+    late = build.compile_paged_attention(AttentionConfig(
+        head_dim=128, causal=True, page_size=128, pv_wait="late"), "BFloat16").ptx
+    early = build.compile_paged_attention(AttentionConfig(
+        head_dim=128, causal=True, page_size=128), "BFloat16").ptx
+    assert late.count("ex2.approx") == dense
+    assert early.count("ex2.approx") > dense
+    from cutetma.tuning import attention as attention_tuning
+
+    assert attention_tuning.paged_pv_wait(128, True) == ""  # not a default until timed

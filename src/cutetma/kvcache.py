@@ -268,7 +268,8 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     if num_splits is None and (d, load, causal) in SPLIT_KV_UNSUPPORTED:
         splits = 1
     config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
-                             pack_gqa=pack, split_kv=splits > 1, varlen_q=varlen)
+                             pack_gqa=pack, split_kv=splits > 1, varlen_q=varlen,
+                             pv_wait=attention_tuning.paged_pv_wait(d, causal))
     plan = _PagedPlan(splits=splits, varlen=varlen)
     if q.numel() == 0 or page_table.shape[1] == 0 or b == 0:
         return plan

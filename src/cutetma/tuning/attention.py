@@ -38,6 +38,18 @@ MIN_BLOCKS_PER_SPLIT = 4
 MAX_SPLITS = 64
 
 
+# where the paged kernel waits for P V, per (head dim, causal), where it differs from the dense
+# kernel's ``PV_WAIT``: none yet. The candidate is "late" for causal pages at d <= 128, whose
+# "early" PTX computes P twice per key block (184 exp instructions against 130); ``benchmarks/
+# paged.py`` times it beside the default (``tma_late``) before it may become one
+PAGED_PV_WAIT: dict = {}
+
+
+def paged_pv_wait(head_dim: int, causal: bool) -> str:
+    """``AttentionConfig.pv_wait`` for the paged kernel ("": the head dim's ``PV_WAIT``)."""
+    return PAGED_PV_WAIT.get((head_dim, causal), "")
+
+
 def paged_pack_gqa(seqlen_q: int, group: int) -> bool:
     """Pack the ``group`` query heads of each K/V head into one tile (``AttentionConfig.
     pack_gqa``): with few queries a tile of one head is mostly empty rows, and each of the
