@@ -134,3 +134,31 @@ def test_no_lane_elected_twice():
     nested = ("elect.sync %r1|%p1, -1;\n\tnot.pred %p2, %p1;\n\t@%p2 bra $L1;\n\t"
               "elect.sync %r2|%p3, -1;\n")
     assert build.nested_elects(nested) == 1
+
+
+@pytest.mark.parametrize("causal,s_q,s_k", [(False, 37, 53), (True, 41, 41), (True, 20, 45)])
+def test_grads_reference_matches_sdpa_in_float64(causal, s_q, s_k):
+    """``reference.attention_grads_ref``, the GPU tests' yardstick, against torch SDPA's own
+    backward in float64 on the CPU (GQA by repeated K/V heads; causal bottom-right, which
+    is SDPA's top-left mask shifted by s_k - s_q)."""
+    import torch
+
+    from cutetma.reference import attention_grads_ref
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, s_q, 4, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, s_k, 2, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(2, s_q, 4, 16, generator=g, dtype=torch.float64)
+    ours = attention_grads_ref(dout, q, k, v, causal)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    qt, kt, vt = (x.transpose(1, 2) for x in (leaves[0], leaves[1].repeat_interleave(2, 2),
+                                              leaves[2].repeat_interleave(2, 2)))
+    mask = None
+    if causal:
+        i = torch.arange(s_q)[:, None]
+        j = torch.arange(s_k)[None, :]
+        mask = j <= i + s_k - s_q
+    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+    out.transpose(1, 2).backward(dout)
+    for mine, leaf in zip(ours, leaves, strict=True):
+        assert torch.allclose(mine.double(), leaf.grad, atol=1e-5, rtol=1e-4)
