@@ -8,8 +8,8 @@ Layers (data flows down, nothing imports upward; ``tests/test_layering.py`` hold
     kernels                 HopperGemm, FlashAttentionSm90, probes; frozen configs
     tuning                  problem -> config, on the host (the H200 wave and L2 models)
     runtime                 compile registry, prepared launches, workspaces, the GPC probe
-    ops, kvcache, fp8,      the torch face: validate -> select -> launch
-    backward
+    ops, kvcache, fp8,      the torch face: validate -> select -> launch (``checks``: the
+    backward, checks        operand checks they share)
     cli, hardware           the ``cutetma`` command and the model-vs-hardware check
 
 ``import cutetma`` is light (no torch, no DSL); the torch entry points load on first use.

@@ -21,10 +21,9 @@ import warnings
 import torch
 
 from cutetma import runtime
+from cutetma.checks import check_operand
 from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
-
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -73,16 +72,9 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 def _check(dout, q, k, v, out, lse, dlse, load) -> None:
     for name, t in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be (batch, seqlen, heads, head_dim), got "
-                             f"{tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}: float16 or bfloat16")
-        if t.device.type != "cuda" or t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}: the backward needs every tensor on "
-                             f"q's CUDA device ({q.device})")
+        check_operand(name, t, "attention_backward", 4, "(batch, seqlen, heads, head_dim)")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
     if not (q.dtype == k.dtype == v.dtype == dout.dtype == out.dtype):
         raise TypeError("dout, q, k, v and out must share one dtype")
     b, s_q, h, d = q.shape

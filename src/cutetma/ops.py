@@ -24,6 +24,7 @@ import torch
 
 from cutetma import dsl, runtime
 from cutetma import swizzle as hw
+from cutetma.checks import check_operand
 from cutetma.kernels.gemm_config import GemmConfig
 from cutetma.runtime import placement
 from cutetma.tuning import gemm as tuning
@@ -313,14 +314,7 @@ def _current_stream(device: torch.device) -> int:
 def _gemm_plan(a, b, b_nk, out, out_dtype, trans_b, load, config, pdl, allow_copy):
     """Check a GEMM call and decide everything its launch needs (``_GemmPlan``)."""
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be 2D, got shape {tuple(t.shape)}")
-        if t.dtype not in GEMM_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}: gemm takes float16 or bfloat16")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}: gemm needs CUDA tensors")
+        check_operand(name, t, "gemm", 2)
     if a.dtype != b.dtype:
         raise TypeError(f"a is {a.dtype} but b is {b.dtype}: both must have one dtype")
     if a.device != b.device:
@@ -515,17 +509,8 @@ def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionP
     """Check an attention call and decide what its launch needs (``_AttentionPlan``)."""
     from cutetma.kernels.attention import AttentionConfig
 
-    names = ("q", "k", "v")
-    for name, t in zip(names, (q, k, v), strict=True):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be (batch, seqlen, heads, head_dim), got "
-                             f"{tuple(t.shape)}")
-        if t.dtype not in GEMM_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}: attention takes float16 or bfloat16")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}: attention needs CUDA tensors")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_operand(name, t, "attention", 4, "(batch, seqlen, heads, head_dim)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -1,0 +1,24 @@
+"""The checks every torch entry point runs on an operand before anything is planned or
+launched (``ops``: gemm, attention; ``backward``): a tensor, of the rank the call takes, in
+fp16 or bf16, on a CUDA device, each refused with one message naming the call. The checks
+particular to a call (shapes that must agree, strides, page tables) stay with it."""
+
+from __future__ import annotations
+
+import torch
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_operand(name: str, t, op: str, dims: int, layout: str = "") -> None:
+    """Refuse ``t`` (argument ``name`` of ``op``) unless it is a ``dims``-D fp16 / bf16 CUDA
+    tensor; ``layout`` names the expected dims in the message (e.g. "(batch, seqlen,
+    heads, head_dim)")."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {layout or f'{dims}D'}, got shape {tuple(t.shape)}")
+    if t.dtype not in HALF_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}: {op} takes float16 or bfloat16")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}: {op} needs CUDA tensors")
