@@ -16,12 +16,10 @@ Through autograd: ``cutetma.attention(q, k, v)`` with inputs that require grad.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from cutetma import runtime
-from cutetma.checks import check_operand
+from cutetma.checks import check_operand, refuse_nondeterministic
 from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
@@ -40,13 +38,11 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if q.numel() == 0 or s_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if gemm_tuning.deterministic_mode():
-        message = ("cutetma.attention's backward adds dQ's key-block contributions in the "
-                   "order they arrive (fp32 reductions), which is not deterministic, but "
-                   "torch.use_deterministic_algorithms(True) is set; no deterministic mode "
-                   "is built yet")
-        if not torch.is_deterministic_algorithms_warn_only_enabled():
-            raise RuntimeError(message)
-        warnings.warn(message, stacklevel=2)
+        refuse_nondeterministic(
+            "cutetma.attention's backward adds dQ's key-block contributions in the order "
+            "they arrive (fp32 reductions), which is not deterministic, but "
+            "torch.use_deterministic_algorithms(True) is set; no deterministic mode is built "
+            "yet")
     q, k, v, dout = (_aligned(x) for x in (q, k, v, dout))
     dsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
     if dlse is not None:

@@ -1,7 +1,9 @@
-"""The checks every torch entry point runs on an operand before anything is planned or
-launched (``ops``: gemm, attention; ``backward``): a tensor, of the rank the call takes, in
-fp16 or bf16, on a CUDA device, each refused with one message naming the call. The checks
-particular to a call (shapes that must agree, strides, page tables) stay with it."""
+"""Checks the torch entry points share, run before anything is planned or launched
+(``ops``: gemm, attention; ``backward``): an operand is a tensor of the rank the call takes,
+in fp16 or bf16, on a CUDA device (each refused with one message naming the call); a
+nondeterministic path under ``torch.use_deterministic_algorithms`` is refused (or warned
+about, in torch's warn-only mode). The checks particular to a call (shapes that must agree,
+strides, page tables) stay with it."""
 
 from __future__ import annotations
 
@@ -22,3 +24,14 @@ def check_operand(name: str, t, op: str, dims: int, layout: str = "") -> None:
         raise TypeError(f"{name} has dtype {t.dtype}: {op} takes float16 or bfloat16")
     if t.device.type != "cuda":
         raise ValueError(f"{name} is on {t.device}: {op} needs CUDA tensors")
+
+
+def refuse_nondeterministic(message: str, stacklevel: int = 3) -> None:
+    """Under ``torch.use_deterministic_algorithms(True)``: raise ``message`` as a
+    RuntimeError, or in torch's warn-only mode warn it (torch's own convention). The caller
+    decides whether its path is nondeterministic."""
+    if not torch.is_deterministic_algorithms_warn_only_enabled():
+        raise RuntimeError(message)
+    import warnings
+
+    warnings.warn(message, stacklevel=stacklevel)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 
 import torch
 
 from cutetma import dsl, runtime
 from cutetma import swizzle as hw
-from cutetma.checks import check_operand
+from cutetma.checks import check_operand, refuse_nondeterministic
 from cutetma.kernels.gemm_config import GemmConfig
 from cutetma.runtime import placement
 from cutetma.tuning import gemm as tuning
@@ -160,13 +159,10 @@ def _check_deterministic(cfg: GemmConfig) -> None:
     """Refuse (or, in torch's warn-only mode, warn about) split-K's atomic sum under
     ``torch.use_deterministic_algorithms(True)``: its last bits depend on arrival order."""
     if cfg.split_k > 1 and cfg.split_sum == "atomic" and tuning.deterministic_mode():
-        message = ("cutetma.gemm with split_sum='atomic' adds split-K's slices in the order "
-                   "they arrive, which is not deterministic, but torch.use_deterministic_"
-                   "algorithms(True) is set: use split_sum='ordered' (the same bits every "
-                   "launch)")
-        if not torch.is_deterministic_algorithms_warn_only_enabled():
-            raise RuntimeError(message)
-        warnings.warn(message, stacklevel=3)
+        refuse_nondeterministic(
+            "cutetma.gemm with split_sum='atomic' adds split-K's slices in the order they "
+            "arrive, which is not deterministic, but torch.use_deterministic_algorithms(True) "
+            "is set: use split_sum='ordered' (the same bits every launch)", stacklevel=4)
 
 
 @functools.lru_cache(maxsize=1024)
