@@ -63,12 +63,11 @@ need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from cutetma import dsl
 from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
+from cutetma.kernels import accumulator
 from cutetma.kernels.barriers import GemmBarrier
 from cutetma.kernels.gemm_config import GemmConfig, mma_n
 from cutetma.kernels.gemm_partials import PartialSums
@@ -539,7 +538,9 @@ class HopperGemm(PartialSums):
         # FP8: where each k-tile's product is summed into ``acc`` in full fp32 (``part``)
         promotes = cfg.scaling == "block" or cfg.promote
         part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
-        offsets = self._acc_offsets(tiled_mma) if cfg.scaling else None
+        # FP8's scales: once per distinct row / column of this thread's values
+        offsets = (accumulator.value_offsets(tiled_mma, (cfg.tile_m, cfg.tile_n))
+                   if cfg.scaling else None)
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -707,23 +708,6 @@ class HopperGemm(PartialSums):
                                           sC, gC, epi_sync, warp, store_warp, epi_bufs)
         if warp == store_warp:
             tma.wait(0)
-
-    def _acc_offsets(self, tiled_mma):
-        """Trace-time: per accumulator value i, the indices of its row and its column among
-        this thread's distinct rows and columns, and those rows' and columns' offsets from
-        its value 0 (thread 0's partition of the tile's coordinates: a thread's coordinates
-        are its value 0's plus these, the same for every thread). FP8's scales are then
-        loaded once per distinct row or column, not once per value (a 128 x 128 tile: 2
-        rows and 32 columns a thread, against 64 values)."""
-        cfg = self.cfg
-        coords = tiled_mma.get_slice(0).partition_C(
-            cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
-        values = [tuple(int(x) for x in coords[i]) for i in range(cute.size(coords))]
-        rows = sorted({r for r, _ in values})
-        cols = sorted({c for _, c in values})
-        return SimpleNamespace(rows=rows, cols=cols,
-                               row_of=[rows.index(r) for r, _ in values],
-                               col_of=[cols.index(c) for _, c in values])
 
     @cute.jit
     def _load_scales(self, tCcC, offsets, mScaleA, mScaleB, m, n, k, shape_mn):

@@ -42,6 +42,7 @@ from cutetma import dsl
 from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
+from cutetma.kernels import accumulator
 from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, BackwardConfig
 from cutetma.kernels.attention.kernel import FlashAttentionSm90
 from cutetma.kernels.barriers import BackwardBarrier
@@ -352,9 +353,10 @@ class FlashAttentionBackwardSm90:
         tdSr = cute.make_rmem_tensor(frag_a, dtype)
         tPr_as_s = cute.make_tensor(tPr.iterator, acc_s.layout)
         tdSr_as_s = cute.make_tensor(tdSr.iterator, acc_s.layout)
-        cols = self._column_offsets(sdp_mma)
-        lse = cute.make_rmem_tensor((len(cols.offsets),), cutlass.Float32)
-        dsum = cute.make_rmem_tensor((len(cols.offsets),), cutlass.Float32)
+        # the LSE and D of this thread's distinct query columns (16 of 64)
+        cols = accumulator.value_offsets(sdp_mma, (cfg.block_n, cfg.block_m))
+        lse = cute.make_rmem_tensor((len(cols.cols),), cutlass.Float32)
+        dsum = cute.make_rmem_tensor((len(cols.cols),), cutlass.Float32)
         scale_log2 = softmax_scale * LOG2_E
         ds_ready = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DS_READY),
                                          num_threads=cfg.consumers * WARPGROUP)
@@ -376,7 +378,7 @@ class FlashAttentionBackwardSm90:
             warpgroup.wait_group(0)
             self._mask(acc_s, tScS, key0, q0, tile)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                c = cols.of[i]
+                c = cols.col_of[i]
                 p = cute.math.exp2(acc_s[i] * scale_log2 - lse[c], fastmath=True)
                 acc_s[i] = p
                 acc_dp[i] = p * (acc_dp[i] - dsum[c])
@@ -402,24 +404,13 @@ class FlashAttentionBackwardSm90:
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
                        softmax_scale)
 
-    def _column_offsets(self, sdp_mma):
-        """Trace-time: the distinct query columns of a thread's S^T values as offsets from
-        its value 0 (thread 0's partition: every thread's are the same plus its own base),
-        and each value's index among them (the LSE and D a thread needs: 16 of 64)."""
-        cfg = self.cfg
-        coords = sdp_mma.get_slice(0).partition_C(
-            cute.make_identity_tensor((cfg.block_n, cfg.block_m)))
-        values = [int(coords[i][1]) for i in range(cute.size(coords))]
-        offsets = sorted(set(values))
-        return SimpleNamespace(offsets=offsets, of=[offsets.index(c) for c in values])
-
     @cute.jit
     def _load_stats(self, mLSE, mD, lse, dsum, tScS, cols, q0, tile):
         """This thread's queries' LSE (as log2, +inf past s_q or for a row that saw no key,
         so its P is 0) and D (0 past s_q)."""
         base = q0 + tScS[0][1]
-        for j in cutlass.range_constexpr(len(cols.offsets)):
-            q = base + cols.offsets[j]
+        for j in cutlass.range_constexpr(len(cols.cols)):
+            q = base + cols.cols[j]
             lse[j] = cutlass.Float32.inf
             dsum[j] = cutlass.Float32(0.0)
             if q < tile.seqlen_q:
