@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from cutetma import runtime
-from cutetma.checks import check_operand, refuse_nondeterministic
+from cutetma.checks import check_operand, refuse_nondeterministic, tma_rows_aligned
 from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
@@ -43,7 +43,8 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
             "they arrive (fp32 reductions), which is not deterministic, but "
             "torch.use_deterministic_algorithms(True) is set; no deterministic mode is built "
             "yet")
-    q, k, v, dout = (_aligned(x) for x in (q, k, v, dout))
+    q, k, v, dout = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
+                     for x in (q, k, v, dout))
     dsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
     if dlse is not None:
         dsum = dsum - dlse.float()
@@ -92,15 +93,6 @@ def _check(dout, q, k, v, out, lse, dlse, load) -> None:
                              f"{q.device}, as the forward returns it")
     if load not in ("tma", "cp_async"):
         raise ValueError(f"load={load!r}: 'tma' or 'cp_async'")
-
-
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as it is when d is contiguous and its base and strides keep 16-byte rows (TMA's
-    rule), else a fresh contiguous copy."""
-    if x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(
-            s * x.element_size() % 16 == 0 for s in x.stride()[:-1]):
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("cutetma::attention_backward", mutates_args=())

@@ -35,3 +35,11 @@ def refuse_nondeterministic(message: str, stacklevel: int = 3) -> None:
     import warnings
 
     warnings.warn(message, stacklevel=stacklevel)
+
+
+def tma_rows_aligned(x: torch.Tensor) -> bool:
+    """Whether a (b, s, h, d) operand can be a TMA source as it is: d contiguous, its base and
+    every other stride multiples of 16 bytes (else the call copies it into a fresh contiguous
+    tensor)."""
+    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(
+        s * x.element_size() % 16 == 0 for s in x.stride()[:-1])

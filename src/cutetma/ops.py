@@ -23,7 +23,7 @@ import torch
 
 from cutetma import dsl, runtime
 from cutetma import swizzle as hw
-from cutetma.checks import check_operand, refuse_nondeterministic
+from cutetma.checks import check_operand, refuse_nondeterministic, tma_rows_aligned
 from cutetma.kernels.gemm_config import GemmConfig
 from cutetma.runtime import placement
 from cutetma.tuning import gemm as tuning
@@ -529,9 +529,7 @@ def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionP
         raise ValueError(f"config is for head_dim={config.head_dim}, causal={config.causal}; "
                          f"the call has head_dim={d}, causal={causal}")
     plan = _AttentionPlan()
-    plan.copies = tuple(not (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
-                             and all(s * 2 % 16 == 0 for s in x.stride()[:-1]))
-                        for x in (q, k, v))
+    plan.copies = tuple(not tma_rows_aligned(x) for x in (q, k, v))
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys
         return plan
     # the strides the launch will see: a copy's are contiguous; the output is empty_like(q)
