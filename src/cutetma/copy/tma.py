@@ -7,7 +7,8 @@ the host, the probe kernels check the hardware on the GPU).
 
 * ``load_atom``: G2S, optionally multicast to ``multicast`` CTAs of a cluster.
 * ``store_atom``: S2G; after ``cute.copy`` issue ``commit()`` and, before the shared buffer is
-  written again, ``wait(0)``: a bulk async group, not an mbarrier.
+  written again, ``wait(0)``: a bulk async group, not an mbarrier. ``reduce_add_atom``: the
+  same, adding into global memory.
 * ``group_view``: the chapter's 3D view ``(groups, rows, G)`` of a (rows, cols) tensor, so one
   3D TMA moves a row wider than the swizzle span.
 * ``partition``: (shared, global) views of one CTA's share of a box: all of it, or its
@@ -29,6 +30,14 @@ def load_atom(gmem, smem_layout, tiler, multicast: int = 1):
 
 def store_atom(gmem, smem_layout, tiler):
     return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), gmem, smem_layout, tiler)
+
+
+def reduce_add_atom(gmem, smem_layout, tiler):
+    """S2G with addition: the box is added into global memory (cp.reduce.async.bulk.tensor
+    .add; fp32 adds in L2), a store otherwise (``commit``, then ``wait`` before the shared
+    buffer is written again)."""
+    return cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), gmem,
+                                       smem_layout, tiler)
 
 
 def group_view(gmem, group: int):

@@ -29,3 +29,6 @@ class BackwardBarrier(enum.IntEnum):
     # the attention backward: both consumer warpgroups' halves of dS are in shared memory
     # before either reads all of it for dQ (256 threads)
     DS_READY = 1
+    # consumer warpgroup wg's dQ staging buffer: free (its last TMA reduction has read it)
+    # and then written (DQ_STAGED + wg, 128 threads)
+    DQ_STAGED = 2

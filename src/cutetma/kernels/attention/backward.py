@@ -87,7 +87,7 @@ class FlashAttentionBackwardSm90:
         cfg = self.cfg
         dtype = mQ.element_type
         aligned = FlashAttentionSm90._aligned_strides
-        mQ, mK, mV, mdO = (aligned(x) for x in (mQ, mK, mV, mdO))
+        mQ, mK, mV, mdO, mdQ = (aligned(x) for x in (mQ, mK, mV, mdO, mdQ))
         d, bm, bn = cfg.head_dim, cfg.block_m, cfg.block_n
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         f32 = cutlass.Float32
@@ -106,10 +106,15 @@ class FlashAttentionBackwardSm90:
         sK_layout = _smem_layout(dtype, bn, d, 1, min(half_d, 64))
         sQ_layout = _smem_layout(dtype, bm, d, cfg.stages, min(d, 64))
         sdS_layout = _smem_layout(dtype, bm, bn, 2, 64)
+        # dQ's staging: each consumer warpgroup's (64, d / 2) fp32 half, added into mdQ by a
+        # TMA reduction
+        sdQ_layout = _smem_layout(f32, bm, half_d, cfg.consumers, min(half_d, 32))
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_do, mdO_tma = tma.load_atom(mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_v, mV_tma = tma.load_atom(mV, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+        tma_dq, mdQ_tma = tma.reduce_add_atom(mdQ, cute.slice_(sdQ_layout, (None, None, 0)),
+                                              (bm, half_d))
 
         @cute.struct
         class Storage:
@@ -120,12 +125,13 @@ class FlashAttentionBackwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sdQ_layout)], 1024]
 
         self.storage = Storage
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
-        self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mV,
-                    mdO, mLSE, mD, mdQ, mdK, mdV, sdp_mma, dkv_mma, dq_mma, sK_layout,
-                    sQ_layout, sdS_layout, softmax_scale).launch(
+        self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
+                    mdQ_tma, mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, sdp_mma, dkv_mma, dq_mma,
+                    sK_layout, sQ_layout, sdS_layout, sdQ_layout, softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -168,12 +174,13 @@ class FlashAttentionBackwardSm90:
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_do: cute.CopyAtom,
                mdO_tma: cute.Tensor, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
-               tma_v: cute.CopyAtom, mV_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
-               mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-               mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, sdp_mma: cute.TiledMma,
-               dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
-               sK_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, softmax_scale: cutlass.Float32):
+               tma_v: cute.CopyAtom, mV_tma: cute.Tensor, tma_dq: cute.CopyAtom,
+               mdQ_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+               mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mdK: cute.Tensor,
+               mdV: cute.Tensor, sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma,
+               dq_mma: cute.TiledMma, sK_layout: cute.ComposedLayout,
+               sQ_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
+               sdQ_layout: cute.ComposedLayout, softmax_scale: cutlass.Float32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -182,13 +189,16 @@ class FlashAttentionBackwardSm90:
             if warp == 0:
                 for atom in (tma_q, tma_do, tma_k, tma_v):
                     tma.prefetch(atom)
+        if warp == 4:
+            tma.prefetch(tma_dq)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         smem = SimpleNamespace(
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
-            sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner))
+            sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
+            sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner))
         kv_full = storage.kv_full.data_ptr()
         dtype = mQ.element_type
         tile_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
@@ -219,8 +229,8 @@ class FlashAttentionBackwardSm90:
                 self.produce_cp_async(pipe, kv_full, mQ, mdO, mK, mV, smem, tile)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, mdQ, mdK,
-                         mdV, tile, softmax_scale)
+            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq,
+                         mdQ_tma, mdK, mdV, tile, softmax_scale)
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -308,8 +318,8 @@ class FlashAttentionBackwardSm90:
 
     # ------------------------------------------------------------------------ consumers
     @cute.jit
-    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, mdQ, mdK, mdV,
-                tile, softmax_scale):
+    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq, mdQ_tma,
+                mdK, mdV, tile, softmax_scale):
         """A consumer warpgroup: its 64 keys against every query block (the module
         docstring's loop), then its rows of dK and dV."""
         cfg = self.cfg
@@ -328,13 +338,11 @@ class FlashAttentionBackwardSm90:
         tKrQt = dkv_mma.make_fragment_B(dkv_wg.partition_B(sQt))
         tQrdS = dq_mma.make_fragment_A(dq_wg.partition_A(smem.sdS))
         tQrKt = dq_mma.make_fragment_B(dq_wg.partition_B(sKt))
-        # this thread's values: (key, query) of S^T, (query, d) of dQ, (key, d) of dK / dV
+        # this thread's values: (key, query) of S^T
         sdp_thr = sdp_mma.get_slice(ctid)
         tScS = sdp_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.block_m)))
-        tQcQ = dq_mma.get_slice(ctid).partition_C(
-            cute.make_identity_tensor((cfg.block_m, cfg.head_dim)))
         # dS^T goes into shared memory as it lies in the accumulator: (keys, queries, buffer)
-        sdSt = _transposed(smem.sdS)
+        tSsdS = sdp_thr.partition_C(_transposed(smem.sdS))  # (values, 1, 1, buffer)
         s_shape = sdp_wg.partition_shape_C((cfg.block_n, cfg.block_m))
         acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -367,57 +375,84 @@ class FlashAttentionBackwardSm90:
             cute.arch.fence_view_async_shared()  # K, V came through the generic proxy
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         key0 = tile.n_block * cfg.block_n
+        # this warpgroup's half of dQ: its staging buffer and the TMA reduction's boxes
+        tDsD, tDgD = tma.partition(tma_dq, smem.sdQ, cute.local_tile(
+            mdQ_tma[(None, None, tile.head, tile.batch)],
+            (cfg.block_m, cfg.head_dim // cfg.consumers), (None, None)), box_rank=2)
+        dq_free = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DQ_STAGED) + wg,
+                                        num_threads=WARPGROUP)
+        leader = (ctid % WARPGROUP) // 32 == 0  # the warp whose lane issues the reductions
+        # this thread's dQ values in the staging buffers, seen as one (64, (d / 2, 2)) tile
+        # whose column c + (d / 2) w is column c of warpgroup w's buffer: the dQ MMA's own
+        # partition, so the addresses are its (computed once), not per value
+        tQsdQ = dq_mma.get_slice(ctid).partition_C(cute.group_modes(smem.sdQ, 1, 3))
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
             q0 = m * cfg.block_m
-            self._load_stats(mLSE, mD, lse, dsum, tScS, cols, q0, tile)
+            self._load_stat(mLSE, lse, tScS, cols, q0, tile, True)
             self.loader.consumer_wait(pipe, read)
             stage = read.index
+            # S^T and dP^T, two groups: P is computed while dP^T still runs
             self._issue_ss(sdp_mma, acc_s, tSrK, tSrQ, 0, stage)
+            warpgroup.commit_group()
             self._issue_ss(sdp_mma, acc_dp, tSrV, tSrdO, 0, stage)
             warpgroup.commit_group()
-            warpgroup.wait_group(0)
+            warpgroup.wait_group(1)
             self._mask(acc_s, tScS, key0, q0, tile)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                c = cols.col_of[i]
-                p = cute.math.exp2(acc_s[i] * scale_log2 - lse[c], fastmath=True)
-                acc_s[i] = p
-                acc_dp[i] = p * (acc_dp[i] - dsum[c])
+                acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - lse[cols.col_of[i]],
+                                          fastmath=True)
             tPr_as_s.store(acc_s.load().to(dtype))
-            tdSr_as_s.store(acc_dp.load().to(dtype))
-            buf = (m - tile.m_lo) % 2
-            tSsdS = sdp_thr.partition_C(sdSt[(None, None, buf)])
-            for i in cutlass.range_constexpr(cute.size(tdSr_as_s)):
-                tSsdS[i] = tdSr_as_s[i]
-            cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
-            # dV += P^T dO and dK += dS^T Q, issued before waiting for the other warpgroup
+            # dV += P^T dO runs while dS is computed
             warpgroup.fence()
             self._issue_rs(dkv_mma, acc_dv, tPr, tVrdOt, stage)
-            self._issue_rs(dkv_mma, acc_dk, tdSr, tKrQt, stage)
             warpgroup.commit_group()
-            ds_ready.arrive_and_wait()
+            # D now, not with the LSE: the LSE's registers are free again, and dS is at the
+            # register peak (P, dP, P's 16-bit copy in flight, dK, dV)
+            self._load_stat(mD, dsum, tScS, cols, q0, tile, False)
+            warpgroup.wait_group(1)
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum[cols.col_of[i]])
+            tdSr_as_s.store(acc_dp.load().to(dtype))
+            buf = (m - tile.m_lo) % 2
+            tSsdS_buf = tSsdS[(None, None, None, buf)]
+            for i in cutlass.range_constexpr(cute.size(tdSr_as_s)):
+                tSsdS_buf[i] = tdSr_as_s[i]
+            cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
+            warpgroup.fence()
+            self._issue_rs(dkv_mma, acc_dk, tdSr, tKrQt, stage)  # dK += dS^T Q
+            warpgroup.commit_group()
+            ds_ready.arrive_and_wait()  # both halves of dS are in
             self._issue_ss(dq_mma, acc_dq, tQrdS, tQrKt, buf, 0)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe, read)
             read.advance()
-            self._add_dq(acc_dq, tQcQ, mdQ, q0, tile, softmax_scale)
+            self._stage_dq(acc_dq, tQsdQ, dq_free, leader, softmax_scale)
+            if leader:
+                with cute.arch.elect_one():
+                    cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, m, wg)])
+                    tma.commit()
+        if leader:
+            with cute.arch.elect_one():
+                tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
                        softmax_scale)
 
     @cute.jit
-    def _load_stats(self, mLSE, mD, lse, dsum, tScS, cols, q0, tile):
-        """This thread's queries' LSE (as log2, +inf past s_q or for a row that saw no key,
-        so its P is 0) and D (0 past s_q)."""
+    def _load_stat(self, mX, regs, tScS, cols, q0, tile, is_lse: cutlass.Constexpr):
+        """This thread's queries' LSE (``is_lse``: as log2, +inf past s_q or for a row that
+        saw no key, so its P is 0) or D (0 past s_q)."""
         base = q0 + tScS[0][1]
         for j in cutlass.range_constexpr(len(cols.cols)):
             q = base + cols.cols[j]
-            lse[j] = cutlass.Float32.inf
-            dsum[j] = cutlass.Float32(0.0)
+            regs[j] = cutlass.Float32.inf if cutlass.const_expr(is_lse) else cutlass.Float32(0.0)
             if q < tile.seqlen_q:
-                value = mLSE[q, tile.head, tile.batch]
-                if value != -cutlass.Float32.inf:
-                    lse[j] = value * LOG2_E
-                dsum[j] = mD[q, tile.head, tile.batch]
+                value = mX[q, tile.head, tile.batch]
+                if cutlass.const_expr(is_lse):
+                    if value != -cutlass.Float32.inf:
+                        regs[j] = value * LOG2_E
+                else:
+                    regs[j] = value
 
     @cute.jit
     def _mask(self, acc_s, tScS, key0, q0, tile):
@@ -454,19 +489,18 @@ class FlashAttentionBackwardSm90:
             cute.gemm(mma, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
 
     @cute.jit
-    def _add_dq(self, acc_dq, tQcQ, mdQ, q0, tile, softmax_scale):
-        """dQ_m * scale added into the fp32 accumulator, a pair of columns per 8-byte
-        reduction (the accumulator's values 2 i and 2 i + 1 are adjacent columns)."""
-        for i in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            row, col = tQcQ[2 * i]
-            q = q0 + row
-            if q < tile.seqlen_q:
-                pair = cute.make_rmem_tensor((2,), cutlass.Float32)
-                pair[0] = acc_dq[2 * i] * softmax_scale
-                pair[1] = acc_dq[2 * i + 1] * softmax_scale
-                dst = cute.local_tile(mdQ[(q, None, tile.head, tile.batch)], (2,), (col // 2,))
-                cute.arch.red(dst.iterator, pair.load().ir_value(), op="add", dtype="f32",
-                              sem="relaxed", scope="gpu")
+    def _stage_dq(self, acc_dq, tQsdQ, dq_free, leader, softmax_scale):
+        """dQ_m * scale into this warpgroup's staging buffer, once the previous block's TMA
+        reduction has read it (its issuing lane waits, the warpgroup's barrier passes that
+        on), then ordered before the reduction reads it (proxy fence, the barrier again)."""
+        if leader:
+            with cute.arch.elect_one():
+                tma.wait(0)
+        dq_free.arrive_and_wait()
+        for i in cutlass.range_constexpr(cute.size(acc_dq)):
+            tQsdQ[i] = acc_dq[i] * softmax_scale
+        cute.arch.fence_view_async_shared()
+        dq_free.arrive_and_wait()
 
     @cute.jit
     def _store_kv(self, acc_dk, acc_dv, kv_thr, mdK, mdV, key0, tile, softmax_scale):

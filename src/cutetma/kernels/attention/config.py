@@ -224,10 +224,11 @@ class AttentionConfig:
         return self.schedule == "pingpong"
 
 
-# setmaxnreg budgets of the backward (producer, each of its two consumer warpgroups): the TMA
-# producer issues from one thread (FlashAttention-3's 24 / 240); cp.async's 128 copying
-# threads take the forward's 40 / 232
-BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (40, 232)}
+# setmaxnreg budgets of the backward (producer, each of its two consumer warpgroups): 24 / 240
+# (FlashAttention-3's) for both producers. At 232 the consumers' five GEMMs no longer fit
+# (ptxas C7512: every WGMMA serialized, d = 128); the cp.async producer's 128 threads then
+# spill instead, off the tensor cores' path
+BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (24, 240)}
 BACKWARD_HEAD_DIMS = (64, 128)
 
 
