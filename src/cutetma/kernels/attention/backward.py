@@ -428,13 +428,11 @@ class FlashAttentionBackwardSm90:
             self.loader.consumer_release(pipe, read)
             read.advance()
             self._stage_dq(acc_dq, tQsdQ, dq_free, leader, softmax_scale)
-            if leader:
-                with cute.arch.elect_one():
-                    cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, m, wg)])
-                    tma.commit()
+            if leader:  # a whole warp: the TMA copy elects its own lane
+                cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, m, wg)])
+                tma.commit()
         if leader:
-            with cute.arch.elect_one():
-                tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
+            tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
                        softmax_scale)
 
@@ -494,8 +492,7 @@ class FlashAttentionBackwardSm90:
         reduction has read it (its issuing lane waits, the warpgroup's barrier passes that
         on), then ordered before the reduction reads it (proxy fence, the barrier again)."""
         if leader:
-            with cute.arch.elect_one():
-                tma.wait(0)
+            tma.wait(0)
         dq_free.arrive_and_wait()
         for i in cutlass.range_constexpr(cute.size(acc_dq)):
             tQsdQ[i] = acc_dq[i] * softmax_scale
