@@ -168,3 +168,39 @@ def test_grads_reference_matches_sdpa_in_float64(causal, s_q, s_k):
     out.transpose(1, 2).backward(dout)
     for mine, leaf in zip(ours, leaves, strict=True):
         assert torch.allclose(mine.double(), leaf.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_staging_covers_each_value_once(d):
+    """The dQ MMA's partition of the staging buffers seen as one (64, (d / 2, 2)) tile puts
+    value (r, c) of dQ at (r, c mod d / 2) of warpgroup c // (d / 2)'s buffer, each of the
+    tile's values exactly once (CuTe's layouts evaluated on the host)."""
+    import numpy as np
+
+    from cutetma import dsl
+    from cutetma.kernels.attention.backward import stage_layout
+    from cutetma.layouts import LayoutSpec
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+
+    def spec(layout):
+        return LayoutSpec(tuple(layout.shape), tuple(layout.stride))
+
+    half = d // 2
+
+    def build():
+        f32 = cutlass.Float32
+        k, mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        mma = sm90.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, k, mn, f32,
+                                          (1, 2, 1), tiler_mn=(64, half))
+        outer = stage_layout(f32, 64, half, 2, min(half, 32)).outer
+        return spec(outer), spec(cute.group_modes(outer, 1, 3)), spec(mma.tv_layout_C_tiled)
+
+    outer, grouped, tv = dsl.on_host(build)
+    t, v = np.meshgrid(np.arange(256), np.arange(d // 4), indexing="ij")
+    idx = tv.outer((t, v))
+    r, c = idx % 64, idx // 64
+    assert len(set(zip(r.ravel().tolist(), c.ravel().tolist(), strict=True))) == 64 * d
+    w = c // half
+    assert (grouped.outer((r, c)) == outer.outer((r, c - w * half, w))).all()

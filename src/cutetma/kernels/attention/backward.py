@@ -55,7 +55,7 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.tensor_utils import LayoutEnum  # noqa: E402
 
 
-def _smem_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
+def stage_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
     """A (rows, cols, stages) row-major shared-memory layout (cols contiguous) whose swizzle
     atom spans ``atom_cols`` columns: the widest atom that keeps a transposed view's slices
     atom-aligned (K seen as K^T is split by column halves between the dQ warpgroups)."""
@@ -103,12 +103,12 @@ class FlashAttentionBackwardSm90:
                                              (1, cfg.consumers, 1),
                                              tiler_mn=(64, d // cfg.consumers))
         half_d = d // cfg.consumers
-        sK_layout = _smem_layout(dtype, bn, d, 1, min(half_d, 64))
-        sQ_layout = _smem_layout(dtype, bm, d, cfg.stages, min(d, 64))
-        sdS_layout = _smem_layout(dtype, bm, bn, 2, 64)
+        sK_layout = stage_layout(dtype, bn, d, 1, min(half_d, 64))
+        sQ_layout = stage_layout(dtype, bm, d, cfg.stages, min(d, 64))
+        sdS_layout = stage_layout(dtype, bm, bn, 2, 64)
         # dQ's staging: each consumer warpgroup's (64, d / 2) fp32 half, added into mdQ by a
         # TMA reduction
-        sdQ_layout = _smem_layout(f32, bm, half_d, cfg.consumers, min(half_d, 32))
+        sdQ_layout = stage_layout(f32, bm, half_d, cfg.consumers, min(half_d, 32))
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_do, mdO_tma = tma.load_atom(mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
