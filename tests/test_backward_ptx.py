@@ -74,7 +74,7 @@ def test_backward_launch_args_match_the_dsl():
 
     cutlass, cute = dsl.cutlass()
     launch = runtime.attention_backward_launch(torch.bfloat16, BackwardConfig(head_dim=64))
-    bases = [0x7F0000000000 + i * 0x100000 for i in range(9)]
+    bases = [0x7F0000000000 + i * 0x100000 for i in range(10)]
     big = 1 << 33
     sizes = (2, 1000, 4097, 16, 4)
     strides = tuple(big + 16 * i for i in range(12))
@@ -87,10 +87,10 @@ def test_backward_launch_args_match_the_dsl():
 
     keep = ([ptr(a, "BFloat16", 16) for a in bases[:4]]
             + [ptr(a, "Float32", 4) for a in bases[4:6]]
-            + [ptr(a, "Float32", 16) for a in bases[6:]])
+            + [ptr(a, "Float32", 16) for a in bases[6:9]] + [ptr(bases[9], "Int32", 4)])
     theirs, _ = launch.compiled.generate_execution_args(
         *keep, *sizes, *strides, cutlass.Float32(0.125), cuda.CUstream(0xABC))
-    assert len(ours) == len(theirs) == len(runtime.BackwardLaunch.SLOTS) == 28
+    assert len(ours) == len(theirs) == len(runtime.BackwardLaunch.SLOTS) == 29
 
     def address(p):
         return p.value if isinstance(p, ctypes.c_void_p) else int(p)
@@ -204,3 +204,15 @@ def test_dq_staging_covers_each_value_once(d):
     assert len(set(zip(r.ravel().tolist(), c.ravel().tolist(), strict=True))) == 64 * d
     w = c // half
     assert (grouped.outer((r, c)) == outer.outer((r, c - w * half, w))).all()
+
+
+def test_deterministic_mode_takes_turns():
+    """``deterministic``: each half of dQ_m waits for its turn (an acquire-load loop), adds,
+    waits for the bulk group's writes and counts itself (release); without it, none of that."""
+    plain = build.compile_attention_backward(BackwardConfig()).ptx
+    ordered = build.compile_attention_backward(BackwardConfig(deterministic=True)).ptx
+    assert "ld.acquire" not in plain and not re.search(r"atom\.\S*release", plain)
+    assert re.search(r"ld\.acquire\.gpu\S*\.b32", ordered)
+    assert re.search(r"atom\.\S*release\S*\.add", ordered)
+    assert re.search(r"cp\.async\.bulk\.wait_group\s+0", ordered)
+    assert build.nested_elects(ordered) == 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from cutetma import runtime
-from cutetma.checks import check_operand, refuse_nondeterministic, tma_rows_aligned
+from cutetma.checks import check_operand, tma_rows_aligned
 from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
@@ -37,12 +37,8 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     s_k, h_kv = k.shape[1], k.shape[2]
     if q.numel() == 0 or s_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if gemm_tuning.deterministic_mode():
-        refuse_nondeterministic(
-            "cutetma.attention's backward adds dQ's key-block contributions in the order "
-            "they arrive (fp32 reductions), which is not deterministic, but "
-            "torch.use_deterministic_algorithms(True) is set; no deterministic mode is built "
-            "yet")
+    # torch.use_deterministic_algorithms: dQ's key blocks added in order (the same bits)
+    deterministic = gemm_tuning.deterministic_mode()
     q, k, v, dout = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
                      for x in (q, k, v, dout))
     dsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
@@ -53,12 +49,16 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     dq = torch.zeros(b, s_q, h, d, device=q.device, dtype=torch.float32)
     dk = torch.empty(b, s_k, h, d, device=q.device, dtype=torch.float32)
     dv = torch.empty_like(dk)
+    blocks = -(-s_q // BackwardConfig.block_m)
+    turns = torch.zeros(b, h, blocks, device=q.device, dtype=torch.int32) if deterministic \
+        else dsum  # not read
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     launch = runtime.attention_backward_launch(
-        q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load))
+        q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load,
+                                deterministic=deterministic))
     strides = tuple(x.stride(i) for x in (q, k, v, dout) for i in (1, 2, 0))
     launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr(),
-            dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), turns.data_ptr(),
             b, s_q, s_k, h, h_kv) + strides
            + (scale, torch.cuda.current_stream(q.device).cuda_stream))
     if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it

@@ -130,11 +130,11 @@ class PagedAttentionLaunch(PointerLaunch):
 
 
 class BackwardLaunch(PointerLaunch):
-    """``FlashAttentionBackwardSm90.from_pointers``: Q, K, V, dO, LSE, D, dQ, dK, dV; batch,
-    s_q, s_k, heads, kv heads; the (seq, head, batch) strides of Q, K, V, dO; the softmax
-    scale; the stream."""
+    """``FlashAttentionBackwardSm90.from_pointers``: Q, K, V, dO, LSE, D, dQ, dK, dV, the
+    turn counters (deterministic); batch, s_q, s_k, heads, kv heads; the (seq, head, batch)
+    strides of Q, K, V, dO; the softmax scale; the stream."""
 
-    SLOTS = ((ctypes.c_void_p,) * 9 + (ctypes.c_int32,) * 5 + (ctypes.c_int64,) * 12
+    SLOTS = ((ctypes.c_void_p,) * 10 + (ctypes.c_int32,) * 5 + (ctypes.c_int64,) * 12
              + (ctypes.c_float, ctypes.c_void_p))
 
 
@@ -314,7 +314,8 @@ def attention_backward_launch(dtype: torch.dtype, cfg) -> BackwardLaunch:
 
         args = (*[typed_pointer(dtype) for _ in range(4)],
                 *[typed_pointer(torch.float32, 4) for _ in range(2)],
-                *[typed_pointer(torch.float32, 16) for _ in range(3)], *(1,) * 17,
+                *[typed_pointer(torch.float32, 16) for _ in range(3)],
+                typed_pointer(torch.int32, 4), *(1,) * 17,
                 cutlass.Float32(1.0), make_fake_stream())
         return BackwardLaunch(cache.load_or_compile(
             {"entry": "FlashAttentionBackwardSm90.from_pointers", "config": repr(cfg),

@@ -29,9 +29,11 @@ overwrites a buffer the other may still read: to write block m + 2's dS it must 
 block m + 1's DS_READY, which the other reaches only after finishing block m's dQ.
 
 Constraints: d in {64, 128} (d = 256 needs dK / dV tiles transposed, as FlashAttention-3's,
-not built); the fp32 reductions make dQ's low bits depend on the order the key blocks
-arrive in (no deterministic mode yet: the torch face refuses under
-``torch.use_deterministic_algorithms``).
+not built). The fp32 reductions make dQ's low bits depend on the order the key blocks
+arrive in; ``deterministic`` (what the torch face runs under
+``torch.use_deterministic_algorithms``) adds them in key-block order instead: a turn counter
+per (query block, head, batch), each warpgroup's half waiting for 2 n before its reduction
+and counting itself once the reduction's writes are done (FlashAttention-3's semaphore).
 """
 
 from __future__ import annotations
@@ -80,10 +82,12 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mD: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+                 mdV: cute.Tensor, mTurns: cute.Tensor, softmax_scale: cutlass.Float32,
+                 stream: cuda.CUstream):
         """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q, h, b) fp32;
         mdQ: (s_q, d, h, b) fp32, added into (zeros on entry); mdK, mdV: (s_k, d, h, b)
-        fp32, one per query head."""
+        fp32, one per query head. ``deterministic``: mTurns (query blocks, h, b) int32,
+        zeros on entry (unused otherwise)."""
         cfg = self.cfg
         dtype = mQ.element_type
         aligned = FlashAttentionSm90._aligned_strides
@@ -130,14 +134,16 @@ class FlashAttentionBackwardSm90:
         self.storage = Storage
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
         self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
-                    mdQ_tma, mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, sdp_mma, dkv_mma, dq_mma,
-                    sK_layout, sQ_layout, sdS_layout, sdQ_layout, softmax_scale).launch(
+                    mdQ_tma, mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, mTurns, sdp_mma, dkv_mma,
+                    dq_mma, sK_layout, sQ_layout, sdS_layout, sdQ_layout,
+                    softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
     def from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
                       pdO: cute.Pointer, pLSE: cute.Pointer, pD: cute.Pointer,
                       pdQ: cute.Pointer, pdK: cute.Pointer, pdV: cute.Pointer,
+                      pTurns: cute.Pointer,
                       batch: cutlass.Int32, seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32,
                       heads: cutlass.Int32, heads_kv: cutlass.Int32,
                       q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
@@ -159,6 +165,10 @@ class FlashAttentionBackwardSm90:
             return view(pointer, seqlen, heads, row, cutlass.Int64(d),
                         row * cutlass.Int64(seqlen))
 
+        blocks = (seqlen_q + self.cfg.block_m - 1) // self.cfg.block_m
+        turns = cute.make_tensor(pTurns, cute.make_layout(  # contiguous (b, h, query blocks)
+            (blocks, heads, batch), stride=(1, blocks, blocks * heads)))
+
         def stats(pointer):  # contiguous (b, h, s_q) fp32 -> (s_q, h, b)
             per_head = cutlass.Int64(seqlen_q)
             return cute.make_tensor(pointer, cute.make_layout(
@@ -168,7 +178,7 @@ class FlashAttentionBackwardSm90:
              view(pV, seqlen_k, heads_kv, v_s, v_h, v_b),
              view(pdO, seqlen_q, heads, do_s, do_h, do_b), stats(pLSE), stats(pD),
              packed(pdQ, seqlen_q), packed(pdK, seqlen_k), packed(pdV, seqlen_k),
-             softmax_scale, stream)
+             turns, softmax_scale, stream)
 
     # ------------------------------------------------------------------------ device
     @cute.kernel
@@ -177,7 +187,8 @@ class FlashAttentionBackwardSm90:
                tma_v: cute.CopyAtom, mV_tma: cute.Tensor, tma_dq: cute.CopyAtom,
                mdQ_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma,
+               mdV: cute.Tensor, mTurns: cute.Tensor, sdp_mma: cute.TiledMma,
+               dkv_mma: cute.TiledMma,
                dq_mma: cute.TiledMma, sK_layout: cute.ComposedLayout,
                sQ_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
                sdQ_layout: cute.ComposedLayout, softmax_scale: cutlass.Float32):
@@ -230,7 +241,7 @@ class FlashAttentionBackwardSm90:
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq,
-                         mdQ_tma, mdK, mdV, tile, softmax_scale)
+                         mdQ_tma, mdK, mdV, mTurns, tile, softmax_scale)
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -319,7 +330,7 @@ class FlashAttentionBackwardSm90:
     # ------------------------------------------------------------------------ consumers
     @cute.jit
     def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq, mdQ_tma,
-                mdK, mdV, tile, softmax_scale):
+                mdK, mdV, mTurns, tile, softmax_scale):
         """A consumer warpgroup: its 64 keys against every query block (the module
         docstring's loop), then its rows of dK and dV."""
         cfg = self.cfg
@@ -429,8 +440,12 @@ class FlashAttentionBackwardSm90:
             read.advance()
             self._stage_dq(acc_dq, tQsdQ, dq_free, leader, softmax_scale)
             if leader:  # a whole warp: the TMA copy elects its own lane
+                if cutlass.const_expr(cfg.deterministic):
+                    self._wait_turn(mTurns, m, tile)
                 cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, m, wg)])
                 tma.commit()
+                if cutlass.const_expr(cfg.deterministic):
+                    self._pass_turn(mTurns, m, tile)
         if leader:
             tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
@@ -485,6 +500,35 @@ class FlashAttentionBackwardSm90:
         """acc += A B^T, A from registers (not committed)."""
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
             cute.gemm(mma, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
+
+    @cute.jit
+    def _wait_turn(self, mTurns, m, tile):
+        """``deterministic``: before adding its half of dQ_m, wait (lane 0, then the warp)
+        until every key block before this one has added both its halves: the key blocks that
+        see query block m are 0 .. some last one (causal's first query block grows with the
+        key block), so key block n's turn is count 2 n. Key block n - 1 was launched before n
+        (the grid's fastest mode), so it runs or has run: the wait ends."""
+        if cute.arch.lane_idx() == 0:
+            turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
+                                                             + mTurns.shape[1] * tile.batch))
+            want = 2 * tile.n_block
+            seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
+            while seen != want:
+                seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
+        cute.arch.sync_warp()
+
+    @cute.jit
+    def _pass_turn(self, mTurns, m, tile):
+        """``deterministic``: once this half's reduction has completed in global memory
+        (the bulk group's writes, not only its reads), count it (release): the next key
+        block's adds into dQ_m come after it, always in key-block order."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        if cute.arch.lane_idx() == 0:
+            turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
+                                                             + mTurns.shape[1] * tile.batch))
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.atomic_add(turn, cutlass.Int32(1), sem="release", scope="gpu")
+        cute.arch.sync_warp()
 
     @cute.jit
     def _stage_dq(self, acc_dq, tQsdQ, dq_free, leader, softmax_scale):

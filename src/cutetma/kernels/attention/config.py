@@ -245,6 +245,10 @@ class BackwardConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
+    # dQ's key-block contributions added in key-block order (each CTA waits for the one
+    # before it at every query block: a turn counter per (query block, head, batch)), so
+    # the gradients are the same bits every run (torch.use_deterministic_algorithms)
+    deterministic: bool = False
 
     def __post_init__(self):
         if self.head_dim not in BACKWARD_HEAD_DIMS:
