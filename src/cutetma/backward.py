@@ -20,7 +20,7 @@ import torch
 
 from cutetma import runtime
 from cutetma.checks import check_operand, tma_rows_aligned
-from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
+from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, LOG2_E, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -41,15 +41,11 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     deterministic = gemm_tuning.deterministic_mode()
     q, k, v, dout = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
                      for x in (q, k, v, dout))
-    dsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
-    if dlse is not None:
-        dsum = dsum - dlse.float()
-    dsum = dsum.contiguous()
-    lse = lse.float().contiguous()
+    lse_log2, dsum = _statistics(dout, out, lse, dlse)
     dq = torch.zeros(b, s_q, h, d, device=q.device, dtype=torch.float32)
     dk = torch.empty(b, s_k, h, d, device=q.device, dtype=torch.float32)
     dv = torch.empty_like(dk)
-    blocks = -(-s_q // BackwardConfig.block_m)
+    blocks = lse_log2.shape[-1] // BackwardConfig.block_m
     turns = torch.zeros(b, h, blocks, device=q.device, dtype=torch.int32) if deterministic \
         else dsum  # not read
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
@@ -57,7 +53,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load,
                                 deterministic=deterministic))
     strides = tuple(x.stride(i) for x in (q, k, v, dout) for i in (1, 2, 0))
-    launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+    launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse_log2.data_ptr(),
             dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), turns.data_ptr(),
             b, s_q, s_k, h, h_kv) + strides
            + (scale, torch.cuda.current_stream(q.device).cuda_stream))
@@ -65,6 +61,22 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
         dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _statistics(dout, out, lse, dlse) -> tuple:
+    """The kernel's per-query inputs, (b, h, s_q padded to whole query blocks) fp32: the LSE
+    in log2 (+inf where a row saw no key, its -inf, and in the padding: P = 0 there) and
+    D = rowsum(dO * O) - dLSE (0 in the padding). Padded, the kernel loads them with no
+    bounds test."""
+    b, s_q, h, _ = out.shape
+    padded = -(-s_q // BackwardConfig.block_m) * BackwardConfig.block_m
+    lse_log2 = torch.full((b, h, padded), float("inf"), device=out.device, dtype=torch.float32)
+    lse = lse.float()
+    lse_log2[..., :s_q] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2_E)
+    dsum = torch.zeros_like(lse_log2)
+    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
+    dsum[..., :s_q] = rowsum if dlse is None else rowsum - dlse.float()
+    return lse_log2, dsum
 
 
 def _check(dout, q, k, v, out, lse, dlse, load) -> None:

@@ -19,8 +19,9 @@ walks the query blocks that see them, 64 queries at a time. Per query block m::
     end             dK_w * scale, dV_w to fp32 outputs (one per query head: the torch face
                     sums a K/V head's group)
 
-D = rowsum(dO * O) and the LSE (the forward's) come in as fp32 (b, h, s_q) tensors; the
-torch face (``cutetma.backward``) makes D, zeroes the dQ accumulator and converts it.
+D = rowsum(dO * O) and the LSE (the forward's, as log2) come in as fp32 (b, h, s_q padded to
+whole query blocks) tensors, +inf and 0 in the padding and +inf for rows that saw no key; the
+torch face (``cutetma.backward``) makes them, zeroes the dQ accumulator and converts it.
 Masking: keys past s_k, and (causal, bottom-right aligned) keys past a query's diagonal,
 get P = 0; rows past s_q come in as zeros (TMA's out-of-bounds fill, cp.async's zero
 vectors) with an LSE of +inf, so they add nothing. Both consumer warpgroups write their
@@ -84,7 +85,8 @@ class FlashAttentionBackwardSm90:
                  mLSE: cute.Tensor, mD: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor,
                  mdV: cute.Tensor, mTurns: cute.Tensor, softmax_scale: cutlass.Float32,
                  stream: cuda.CUstream):
-        """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q, h, b) fp32;
+        """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q padded, h, b)
+        fp32;
         mdQ: (s_q, d, h, b) fp32, added into (zeros on entry); mdK, mdV: (s_k, d, h, b)
         fp32, one per query head. ``deterministic``: mTurns (query blocks, h, b) int32,
         zeros on entry (unused otherwise)."""
@@ -152,8 +154,8 @@ class FlashAttentionBackwardSm90:
                       do_s: cutlass.Int64, do_h: cutlass.Int64, do_b: cutlass.Int64,
                       softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
-        (b, s, h, d) inputs Q, K, V, dO (d contiguous); the LSE and D contiguous (b, h, s_q)
-        fp32; dQ (b, s_q, h, d), dK and dV (b, s_k, h, d) contiguous fp32."""
+        (b, s, h, d) inputs Q, K, V, dO (d contiguous); the LSE (log2) and D contiguous
+        (b, h, s_q padded to whole query blocks) fp32; dQ (b, s_q, h, d), dK and dV (b, s_k, h, d) contiguous fp32."""
         d = self.cfg.head_dim
 
         def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
@@ -169,10 +171,11 @@ class FlashAttentionBackwardSm90:
         turns = cute.make_tensor(pTurns, cute.make_layout(  # contiguous (b, h, query blocks)
             (blocks, heads, batch), stride=(1, blocks, blocks * heads)))
 
-        def stats(pointer):  # contiguous (b, h, s_q) fp32 -> (s_q, h, b)
-            per_head = cutlass.Int64(seqlen_q)
+        def stats(pointer):  # contiguous (b, h, query blocks x block_m) -> (s_q padded, h, b)
+            per_head = cutlass.Int64(blocks * self.cfg.block_m)
             return cute.make_tensor(pointer, cute.make_layout(
-                (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+                (blocks * self.cfg.block_m, heads, batch),
+                stride=(1, per_head, per_head * cutlass.Int64(heads))))
 
         self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
              view(pV, seqlen_k, heads_kv, v_s, v_h, v_b),
@@ -399,7 +402,7 @@ class FlashAttentionBackwardSm90:
         tQsdQ = dq_mma.get_slice(ctid).partition_C(cute.group_modes(smem.sdQ, 1, 3))
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
             q0 = m * cfg.block_m
-            self._load_stat(mLSE, lse, tScS, cols, q0, tile, True)
+            self._load_stat(mLSE, lse, tScS, cols, q0, tile)
             self.loader.consumer_wait(pipe, read)
             stage = read.index
             # S^T and dP^T, two groups: P is computed while dP^T still runs
@@ -419,7 +422,7 @@ class FlashAttentionBackwardSm90:
             warpgroup.commit_group()
             # D now, not with the LSE: the LSE's registers are free again, and dS is at the
             # register peak (P, dP, P's 16-bit copy in flight, dK, dV)
-            self._load_stat(mD, dsum, tScS, cols, q0, tile, False)
+            self._load_stat(mD, dsum, tScS, cols, q0, tile)
             warpgroup.wait_group(1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum[cols.col_of[i]])
@@ -452,20 +455,14 @@ class FlashAttentionBackwardSm90:
                        softmax_scale)
 
     @cute.jit
-    def _load_stat(self, mX, regs, tScS, cols, q0, tile, is_lse: cutlass.Constexpr):
-        """This thread's queries' LSE (``is_lse``: as log2, +inf past s_q or for a row that
-        saw no key, so its P is 0) or D (0 past s_q)."""
+    def _load_stat(self, mX, regs, tScS, cols, q0, tile):
+        """This thread's queries' LSE (as log2, +inf past s_q and for rows that saw no key)
+        or D (0 past s_q), as the torch face padded them to whole query blocks: loads with
+        no condition, all in flight at once (a load under a branch, its value tested before
+        the next, costs a memory latency each)."""
         base = q0 + tScS[0][1]
         for j in cutlass.range_constexpr(len(cols.cols)):
-            q = base + cols.cols[j]
-            regs[j] = cutlass.Float32.inf if cutlass.const_expr(is_lse) else cutlass.Float32(0.0)
-            if q < tile.seqlen_q:
-                value = mX[q, tile.head, tile.batch]
-                if cutlass.const_expr(is_lse):
-                    if value != -cutlass.Float32.inf:
-                        regs[j] = value * LOG2_E
-                else:
-                    regs[j] = value
+            regs[j] = mX[base + cols.cols[j], tile.head, tile.batch]
 
     @cute.jit
     def _mask(self, acc_s, tScS, key0, q0, tile):
