@@ -16,8 +16,9 @@ from cutetma.kernels.attention.config import BackwardConfig
 def test_backward_ptx(d, load):
     """Per query block and consumer warpgroup: S^T and dP^T (d / 16 m64n64k16 steps each),
     dV and dK (4 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps, the warpgroups splitting
-    d); dQ leaves through shared memory by TMA reductions (add); the producer is
-    TMA's or cp.async's."""
+    d); dQ leaves through shared memory in fragment order, one 2D TMA reduction (add) per
+    warpgroup; the LSE and D ride with Q and dO (3D TMA boxes, or 16-byte cp.async); the
+    producer is TMA's or cp.async's."""
     ptx = build.compile_attention_backward(BackwardConfig(head_dim=d, load=load)).ptx
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)
     counts = {s: shapes.count(s) for s in set(shapes)}
@@ -26,10 +27,12 @@ def test_backward_ptx(d, load):
                          (f"m64n{d // 2}k16", 8)):
         want[shape] = want.get(shape, 0) + steps
     assert counts == want
-    # the half-tile is 32-column boxes (128-byte swizzled rows of fp32)
-    reductions = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.add",
+    reductions = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add",
                             ptx)
-    assert len(reductions) == d // 2 // 32
+    assert len(reductions) == 1
+    # Q, dO, K, V: 4D boxes; the LSE and D: one 3D box each
+    if load == "tma":
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)) == 2
     tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
     cp_async = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))
     assert (tma_loads > 0, cp_async > 0) == ((True, False) if load == "tma" else (False, True))
@@ -39,8 +42,9 @@ def test_backward_ptx(d, load):
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_ptxas(causal, load):
-    """No WGMMA serialized (C7512 / C7520); spills bounded (d = 128 spills 136-288 bytes:
-    the five GEMMs' operands and accumulators at the 240-register edge)."""
+    """No WGMMA serialized (C7512 / C7520); spills bounded (d = 128 spills 48-60 bytes with
+    the TMA producer, 212-276 with cp.async's: the five GEMMs' operands and accumulators at
+    the 240-register edge)."""
     log = build.ptxas_log(build.compile_attention_backward(
         BackwardConfig(head_dim=128, causal=causal, load=load)).ptx)
     assert "serialized" not in log
@@ -216,3 +220,57 @@ def test_deterministic_mode_takes_turns():
     assert re.search(r"atom\.\S*release\S*\.add", ordered)
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0", ordered)
     assert build.nested_elects(ordered) == 0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_fragment_order_is_the_mmas(d):
+    """``dq_from_fragments`` puts each value where the dQ MMA's own partition (CuTe's
+    algebra, traced for every thread) says it belongs: a dQ whose every value names its
+    (query, column) comes back in place, padding rows dropped."""
+    import torch
+
+    from cutetma.backward import dq_from_fragments
+    coords = _dq_fragment_coordinates(d)  # (threads, values, 2): (query, column) in the block
+    b, h, s_q = 2, 3, 100
+    blocks = -(-s_q // 64)
+    acc = torch.empty(b, h, blocks, 2 * 128 * (coords.shape[1] // 4) * 4)
+    for t in range(coords.shape[0]):
+        wg, thread = divmod(t, 128)
+        for i in range(coords.shape[1]):
+            slot = wg * 128 * coords.shape[1] + (i // 4 * 128 + thread) * 4 + i % 4
+            query, col = coords[t, i]
+            acc[:, :, :, slot] = float(query * 1000 + col)
+    acc += (torch.arange(blocks) * 64 * 1000).view(1, 1, -1, 1)
+    acc += (torch.arange(h) * 1e6).view(1, -1, 1, 1) + (torch.arange(b) * 1e7).view(-1, 1, 1, 1)
+    dq = dq_from_fragments(acc.flatten(), b, s_q, h, d, torch.float64)
+    want = (torch.arange(s_q).view(1, -1, 1, 1) * 1000 + torch.arange(d).view(1, 1, 1, -1)
+            + torch.arange(h).view(1, 1, -1, 1) * 1e6 + torch.arange(b).view(-1, 1, 1, 1) * 1e7)
+    assert dq.shape == (b, s_q, h, d)
+    assert torch.equal(dq, want.double().expand(b, s_q, h, d))
+
+
+def _dq_fragment_coordinates(d):
+    """(256 threads, values, 2): each consumer thread's (query, column) of every value of the
+    backward's dQ accumulator, from the dQ tiled MMA's partition traced on the CPU."""
+    import torch
+
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+
+    found = []
+
+    def every_thread(mma):  # plain Python, run while tracing (the DSL rewrites only trace)
+        for t in range(256):
+            c = mma.get_slice(t).partition_C(cute.make_identity_tensor((64, d)))
+            found.append([[int(x) for x in c[i]] for i in range(cute.size(c))])
+
+    @cute.jit
+    def trace():
+        every_thread(sm90.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16, cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN, cutlass.Float32, (1, 2, 1), tiler_mn=(64, d // 2)))
+
+    trace()
+    return torch.tensor(found)

@@ -2,11 +2,13 @@
 the custom op behind ``cutetma.attention``'s autograd formula (registered in ``ops``, which
 imports this module when a gradient is first asked for).
 
-Given the forward's inputs, its output and LSE, and dO, it makes D = rowsum(dO * O) (fp32,
-(b, h, s_q); minus the LSE's own gradient where the LSE was used), zeroes an fp32 dQ
-accumulator, launches ``FlashAttentionBackwardSm90`` (one CTA per key block; dQ added into
-the accumulator, dK and dV written per query head in fp32) and converts: dQ to q's dtype, dK
-and dV summed over each K/V head's group of query heads (GQA / MQA) and converted to k's::
+Given the forward's inputs, its output and LSE, and dO, it makes the LSE in log2 and
+D = rowsum(dO * O) (fp32, (b, h, s_q) padded to whole query blocks; D minus the LSE's own
+gradient where the LSE was used), zeroes an fp32 dQ accumulator (in the dQ MMA's fragment
+order: ``dq_from_fragments``), launches ``FlashAttentionBackwardSm90`` (one CTA per key
+block; dQ added into the accumulator, dK and dV written per query head in fp32) and
+converts: dQ to q's dtype, dK and dV summed over each K/V head's group of query heads (GQA /
+MQA) and converted to k's::
 
     out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
@@ -42,10 +44,11 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     q, k, v, dout = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
                      for x in (q, k, v, dout))
     lse_log2, dsum = _statistics(dout, out, lse, dlse)
-    dq = torch.zeros(b, s_q, h, d, device=q.device, dtype=torch.float32)
+    blocks = lse_log2.shape[-1] // BackwardConfig.block_m
+    dq = torch.zeros(b * h * blocks * BackwardConfig.block_m * d, device=q.device,
+                     dtype=torch.float32)  # in the kernel's fragment order
     dk = torch.empty(b, s_k, h, d, device=q.device, dtype=torch.float32)
     dv = torch.empty_like(dk)
-    blocks = lse_log2.shape[-1] // BackwardConfig.block_m
     turns = torch.zeros(b, h, blocks, device=q.device, dtype=torch.int32) if deterministic \
         else dsum  # not read
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
@@ -60,7 +63,24 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it
         dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
         dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq_from_fragments(dq, b, s_q, h, d, q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """dQ (b, s_q, h, d) in ``dtype`` from the kernel's fp32 accumulator, which holds each
+    (batch, head, 64-query block) as the dQ MMA leaves it in registers: per consumer
+    warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane row r, lane
+    column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r and column
+    w d/2 + 8 j + 2 c + e0. Each thread's chunk lies next to its neighbours' (16-byte shared
+    stores without bank conflicts, one TMA reduction per warpgroup); this one copy puts the
+    values back in place."""
+    blocks = acc.numel() // (b * h * BackwardConfig.block_m * d)
+    frag = acc.view(b, h, blocks, 2, d // 16, 4, 8, 4, 2, 2)
+    out = torch.empty(b, blocks * BackwardConfig.block_m, h, d, device=acc.device, dtype=dtype)
+    out.view(b, blocks, 4, 2, 8, h, 2, d // 16, 4, 2).copy_(
+        frag.permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9))
+    return out if out.shape[1] == s_q else out[:, :s_q].contiguous()
 
 
 def _statistics(dout, out, lse, dlse) -> tuple:

@@ -313,8 +313,7 @@ def attention_backward_launch(dtype: torch.dtype, cfg) -> BackwardLaunch:
             return cute.compile(FlashAttentionBackwardSm90(cfg).from_pointers, *args)
 
         args = (*[typed_pointer(dtype) for _ in range(4)],
-                *[typed_pointer(torch.float32, 4) for _ in range(2)],
-                *[typed_pointer(torch.float32, 16) for _ in range(3)],
+                *[typed_pointer(torch.float32, 16) for _ in range(5)],
                 typed_pointer(torch.int32, 4), *(1,) * 17,
                 cutlass.Float32(1.0), make_fake_stream())
         return BackwardLaunch(cache.load_or_compile(

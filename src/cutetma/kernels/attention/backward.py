@@ -50,6 +50,8 @@ from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, BackwardConfig
 from cutetma.kernels.attention.kernel import FlashAttentionSm90
 from cutetma.kernels.barriers import BackwardBarrier
 
+DQ_ROW = 256  # fp32 per row of the fragment-ordered dQ (a TMA box row: at most 256)
+
 cutlass, cute = dsl.cutlass()
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cuda.bindings import driver as cuda  # noqa: E402
@@ -86,14 +88,14 @@ class FlashAttentionBackwardSm90:
                  mdV: cute.Tensor, mTurns: cute.Tensor, softmax_scale: cutlass.Float32,
                  stream: cuda.CUstream):
         """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q padded, h, b)
-        fp32;
-        mdQ: (s_q, d, h, b) fp32, added into (zeros on entry); mdK, mdV: (s_k, d, h, b)
-        fp32, one per query head. ``deterministic``: mTurns (query blocks, h, b) int32,
-        zeros on entry (unused otherwise)."""
+        fp32; mdQ: (rows, 256) fp32, dQ in the dQ MMA's fragment order
+        (``cutetma.backward.dq_from_fragments``), added into (zeros on entry); mdK, mdV:
+        (s_k, d, h, b) fp32, one per query head. ``deterministic``: mTurns (query blocks,
+        h, b) int32, zeros on entry (unused otherwise)."""
         cfg = self.cfg
         dtype = mQ.element_type
         aligned = FlashAttentionSm90._aligned_strides
-        mQ, mK, mV, mdO, mdQ = (aligned(x) for x in (mQ, mK, mV, mdO, mdQ))
+        mQ, mK, mV, mdO = (aligned(x) for x in (mQ, mK, mV, mdO))
         d, bm, bn = cfg.head_dim, cfg.block_m, cfg.block_n
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         f32 = cutlass.Float32
@@ -112,15 +114,22 @@ class FlashAttentionBackwardSm90:
         sK_layout = stage_layout(dtype, bn, d, 1, min(half_d, 64))
         sQ_layout = stage_layout(dtype, bm, d, cfg.stages, min(d, 64))
         sdS_layout = stage_layout(dtype, bm, bn, 2, 64)
-        # dQ's staging: each consumer warpgroup's (64, d / 2) fp32 half, added into mdQ by a
+        # dQ's staging: each consumer warpgroup's (64, d / 2) fp32 half in fragment order (a
+        # thread's 4-value chunks side by side: 16-byte stores, no bank conflicts), added into
+        # the same order in mdQ by a TMA reduction of a plain (d / 8, 256) box
         # TMA reduction
-        sdQ_layout = stage_layout(f32, bm, half_d, cfg.consumers, min(half_d, 32))
+        sdQ_layout = cute.make_layout((d // 8, DQ_ROW, cfg.consumers),
+                                      stride=(DQ_ROW, 1, d // 8 * DQ_ROW))
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_do, mdO_tma = tma.load_atom(mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_v, mV_tma = tma.load_atom(mV, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_dq, mdQ_tma = tma.reduce_add_atom(mdQ, cute.slice_(sdQ_layout, (None, None, 0)),
-                                              (bm, half_d))
+                                              (d // 8, DQ_ROW))
+        # the LSE and D of a query block ride with its Q and dO: (block_m, stages) fp32
+        sStat_layout = cute.make_layout((bm, cfg.stages))
+        tma_lse, mLSE_tma = tma.load_atom(mLSE, cute.make_layout(bm), (bm,))
+        tma_d, mD_tma = tma.load_atom(mD, cute.make_layout(bm), (bm,))
 
         @cute.struct
         class Storage:
@@ -132,13 +141,15 @@ class FlashAttentionBackwardSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sStat_layout)], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sStat_layout)], 128]
 
         self.storage = Storage
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
         self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
-                    mdQ_tma, mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, mTurns, sdp_mma, dkv_mma,
-                    dq_mma, sK_layout, sQ_layout, sdS_layout, sdQ_layout,
-                    softmax_scale).launch(
+                    mdQ_tma, tma_lse, mLSE_tma, tma_d, mD_tma, mQ, mK, mV, mdO, mLSE, mD, mdK,
+                    mdV, mTurns, sdp_mma, dkv_mma, dq_mma, sK_layout, sQ_layout, sdS_layout,
+                    sdQ_layout, sStat_layout, softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -155,7 +166,8 @@ class FlashAttentionBackwardSm90:
                       softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
         (b, s, h, d) inputs Q, K, V, dO (d contiguous); the LSE (log2) and D contiguous
-        (b, h, s_q padded to whole query blocks) fp32; dQ (b, s_q, h, d), dK and dV (b, s_k, h, d) contiguous fp32."""
+        (b, h, s_q padded to whole query blocks) fp32; dQ in fragment order
+        (``cutetma.backward.dq_from_fragments``), dK and dV (b, s_k, h, d) contiguous fp32."""
         d = self.cfg.head_dim
 
         def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
@@ -168,11 +180,14 @@ class FlashAttentionBackwardSm90:
                         row * cutlass.Int64(seqlen))
 
         blocks = (seqlen_q + self.cfg.block_m - 1) // self.cfg.block_m
+        dq_rows = cute.make_tensor(pdQ, cute.make_layout(
+            (batch * heads * blocks * (d // 4), DQ_ROW), stride=(DQ_ROW, 1)))
         turns = cute.make_tensor(pTurns, cute.make_layout(  # contiguous (b, h, query blocks)
             (blocks, heads, batch), stride=(1, blocks, blocks * heads)))
 
         def stats(pointer):  # contiguous (b, h, query blocks x block_m) -> (s_q padded, h, b)
-            per_head = cutlass.Int64(blocks * self.cfg.block_m)
+            per_head = cute.assume(cutlass.Int64(blocks * self.cfg.block_m),
+                                   divby=self.cfg.block_m)
             return cute.make_tensor(pointer, cute.make_layout(
                 (blocks * self.cfg.block_m, heads, batch),
                 stride=(1, per_head, per_head * cutlass.Int64(heads))))
@@ -180,7 +195,7 @@ class FlashAttentionBackwardSm90:
         self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
              view(pV, seqlen_k, heads_kv, v_s, v_h, v_b),
              view(pdO, seqlen_q, heads, do_s, do_h, do_b), stats(pLSE), stats(pD),
-             packed(pdQ, seqlen_q), packed(pdK, seqlen_k), packed(pdV, seqlen_k),
+             dq_rows, packed(pdK, seqlen_k), packed(pdV, seqlen_k),
              turns, softmax_scale, stream)
 
     # ------------------------------------------------------------------------ device
@@ -188,20 +203,21 @@ class FlashAttentionBackwardSm90:
     def kernel(self, tma_q: cute.CopyAtom, mQ_tma: cute.Tensor, tma_do: cute.CopyAtom,
                mdO_tma: cute.Tensor, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
                tma_v: cute.CopyAtom, mV_tma: cute.Tensor, tma_dq: cute.CopyAtom,
-               mdQ_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
-               mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, mTurns: cute.Tensor, sdp_mma: cute.TiledMma,
-               dkv_mma: cute.TiledMma,
-               dq_mma: cute.TiledMma, sK_layout: cute.ComposedLayout,
-               sQ_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
-               sdQ_layout: cute.ComposedLayout, softmax_scale: cutlass.Float32):
+               mdQ_tma: cute.Tensor, tma_lse: cute.CopyAtom, mLSE_tma: cute.Tensor,
+               tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
+               mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
+               mdK: cute.Tensor, mdV: cute.Tensor, mTurns: cute.Tensor,
+               sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
+               sK_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
+               sStat_layout: cute.Layout, softmax_scale: cutlass.Float32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // WARPGROUP)
         if cutlass.const_expr(cfg.load == "tma"):
             if warp == 0:
-                for atom in (tma_q, tma_do, tma_k, tma_v):
+                for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_d):
                     tma.prefetch(atom)
         if warp == 4:
             tma.prefetch(tma_dq)
@@ -212,12 +228,15 @@ class FlashAttentionBackwardSm90:
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
-            sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner))
+            sdQ=storage.sdQ.get_tensor(sdQ_layout),
+            sLSE=storage.sLSE.get_tensor(sStat_layout), sD=storage.sD.get_tensor(sStat_layout))
         kv_full = storage.kv_full.data_ptr()
         dtype = mQ.element_type
         tile_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        stat_bytes = cute.size_in_bytes(cutlass.Float32, cute.slice_(sStat_layout, (None, 0)))
         pipe = self.loader.make_pipeline(storage.qdo_barriers.data_ptr(), cfg.stages,
-                                         WARPGROUP, 4 * cfg.consumers, 2 * tile_bytes)
+                                         WARPGROUP, 4 * cfg.consumers,
+                                         2 * tile_bytes + 2 * stat_bytes)
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(kv_full, self.loader.barrier_count(WARPGROUP))
@@ -229,6 +248,7 @@ class FlashAttentionBackwardSm90:
         kv_head = head // (mQ.shape[2] // mK.shape[2])  # GQA: the query head's K/V head
         m_lo, m_hi = self._query_blocks(n_block, seqlen_q, seqlen_k)
         tile = SimpleNamespace(n_block=n_block, head=head, batch=batch, kv_head=kv_head,
+                               heads=mQ.shape[2],
                                seqlen_q=seqlen_q, seqlen_k=seqlen_k, m_lo=m_lo, m_hi=m_hi)
         producer_regs, consumer_regs = cfg.registers
         if wg == 0:
@@ -236,15 +256,15 @@ class FlashAttentionBackwardSm90:
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
                     self.produce(pipe, kv_full, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma,
-                                 tma_v, mV_tma, smem, tile,
+                                 tma_v, mV_tma, tma_lse, mLSE_tma, tma_d, mD_tma, smem, tile,
                                  2 * cute.size_in_bytes(dtype, cute.slice_(sK_layout,
                                                                            (None, None, 0))))
             else:
-                self.produce_cp_async(pipe, kv_full, mQ, mdO, mK, mV, smem, tile)
+                self.produce_cp_async(pipe, kv_full, mQ, mdO, mK, mV, mLSE, mD, smem, tile)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq,
-                         mdQ_tma, mdK, mdV, mTurns, tile, softmax_scale)
+            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK,
+                         mdV, mTurns, tile, softmax_scale)
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -262,9 +282,9 @@ class FlashAttentionBackwardSm90:
     # ------------------------------------------------------------------------ producers
     @cute.jit
     def produce(self, pipe, kv_full, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v,
-                mV_tma, smem, tile, kv_bytes):
-        """One warp: K_n and V_n once (the kv_full barrier), then Q_m and dO_m of every query
-        block into the next free stage (one barrier per stage for both)."""
+                mV_tma, tma_lse, mLSE_tma, tma_d, mD_tma, smem, tile, kv_bytes):
+        """One warp: K_n and V_n once (the kv_full barrier), then Q_m, dO_m and their LSE and
+        D of every query block into the next free stage (one barrier per stage for all)."""
         cfg = self.cfg
         d = cfg.head_dim
         n, head, batch, kv_head = tile.n_block, tile.head, tile.batch, tile.kv_head
@@ -280,18 +300,24 @@ class FlashAttentionBackwardSm90:
             mQ_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
         tOsO, tOgO = tma.partition(tma_do, smem.sdO, cute.local_tile(
             mdO_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
+        tLsL, tLgL = tma.partition(tma_lse, smem.sLSE, cute.local_tile(
+            mLSE_tma[(None, head, batch)], (cfg.block_m,), (None,)), box_rank=1)
+        tDsD, tDgD = tma.partition(tma_d, smem.sD, cute.local_tile(
+            mD_tma[(None, head, batch)], (cfg.block_m,), (None,)), box_rank=1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
             self.loader.load(tma_q, tQgQ[(None, m)], tQsQ[(None, state.index)], bar)
             self.loader.load(tma_do, tOgO[(None, m)], tOsO[(None, state.index)], bar)
+            self.loader.load(tma_lse, tLgL[(None, m)], tLsL[(None, state.index)], bar)
+            self.loader.load(tma_d, tDgD[(None, m)], tDsD[(None, state.index)], bar)
             pipe.producer_commit(state)
             state.advance()
         pipe.producer_tail(state)
 
     @cute.jit
-    def produce_cp_async(self, pipe, kv_full, mQ, mdO, mK, mV, smem, tile):
+    def produce_cp_async(self, pipe, kv_full, mQ, mdO, mK, mV, mLSE, mD, smem, tile):
         """A warpgroup: the same tiles 16 bytes a thread into the same swizzled stages. Rows
         past s_q or s_k are written as zeros (they meet real data in the products: 0 times
         garbage can be NaN)."""
@@ -313,6 +339,7 @@ class FlashAttentionBackwardSm90:
                               tile.seqlen_q - q0, tidx)
             self._gather_rows(mdO, q0, head, batch, smem.sdO, cfg.block_m, state.index,
                               tile.seqlen_q - q0, tidx)
+            self._copy_stats(mLSE, mD, smem, q0, head, batch, state.index, tidx)
             pipe.producer_commit(state)
             state.advance()
         pipe.producer_tail(state)
@@ -330,10 +357,27 @@ class FlashAttentionBackwardSm90:
 
         cpa.load_gathered(views, stage, valid, 0, source, zero_past=True)
 
+    @cute.jit
+    def _copy_stats(self, mLSE, mD, smem, q0, head, batch, stage, tidx):
+        """The query block's LSE and D (padded: whole blocks, no bounds) into stage
+        ``stage``, 16 bytes a thread: the first threads of the warpgroup take the LSE, the
+        next ones D."""
+        vec = cpa.VECTOR_BYTES * 8 // cutlass.Float32.width
+        per_stat = self.cfg.block_m // vec
+        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(
+            cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), cutlass.Float32,
+            num_bits_per_copy=cpa.VECTOR_BYTES * 8)
+        for which, mX, sX in ((0, mLSE, smem.sLSE), (1, mD, smem.sD)):
+            t = tidx - which * per_stat
+            if t >= 0 and t < per_stat:
+                cute.copy(atom, cute.local_tile(mX[(None, head, batch)], (vec,),
+                                                (q0 // vec + t,)),
+                          cute.local_tile(sX[(None, stage)], (vec,), (t,)))
+
     # ------------------------------------------------------------------------ consumers
     @cute.jit
-    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, mLSE, mD, tma_dq, mdQ_tma,
-                mdK, mdV, mTurns, tile, softmax_scale):
+    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK, mdV,
+                mTurns, tile, softmax_scale):
         """A consumer warpgroup: its 64 keys against every query block (the module
         docstring's loop), then its rows of dK and dV."""
         cfg = self.cfg
@@ -389,22 +433,20 @@ class FlashAttentionBackwardSm90:
             cute.arch.fence_view_async_shared()  # K, V came through the generic proxy
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         key0 = tile.n_block * cfg.block_n
-        # this warpgroup's half of dQ: its staging buffer and the TMA reduction's boxes
+        # this warpgroup's half of dQ: its staging buffer and the TMA reduction's boxes, one
+        # per (batch, head, query block, warpgroup) in that order
         tDsD, tDgD = tma.partition(tma_dq, smem.sdQ, cute.local_tile(
-            mdQ_tma[(None, None, tile.head, tile.batch)],
-            (cfg.block_m, cfg.head_dim // cfg.consumers), (None, None)), box_rank=2)
+            mdQ_tma, (cfg.head_dim // 8, DQ_ROW), (None, 0)), box_rank=2)
+        dq_box0 = ((tile.batch * tile.heads + tile.head) * cute.ceil_div(
+            tile.seqlen_q, cfg.block_m)) * cfg.consumers + wg
         dq_free = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DQ_STAGED) + wg,
                                         num_threads=WARPGROUP)
         leader = (ctid % WARPGROUP) // 32 == 0  # the warp whose lane issues the reductions
-        # this thread's dQ values in the staging buffers, seen as one (64, (d / 2, 2)) tile
-        # whose column c + (d / 2) w is column c of warpgroup w's buffer: the dQ MMA's own
-        # partition, so the addresses are its (computed once), not per value
-        tQsdQ = dq_mma.get_slice(ctid).partition_C(cute.group_modes(smem.sdQ, 1, 3))
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
             q0 = m * cfg.block_m
-            self._load_stat(mLSE, lse, tScS, cols, q0, tile)
             self.loader.consumer_wait(pipe, read)
             stage = read.index
+            self._load_stat(smem.sLSE, lse, tScS, cols, stage)
             # S^T and dP^T, two groups: P is computed while dP^T still runs
             self._issue_ss(sdp_mma, acc_s, tSrK, tSrQ, 0, stage)
             warpgroup.commit_group()
@@ -422,7 +464,7 @@ class FlashAttentionBackwardSm90:
             warpgroup.commit_group()
             # D now, not with the LSE: the LSE's registers are free again, and dS is at the
             # register peak (P, dP, P's 16-bit copy in flight, dK, dV)
-            self._load_stat(mD, dsum, tScS, cols, q0, tile)
+            self._load_stat(smem.sD, dsum, tScS, cols, stage)
             warpgroup.wait_group(1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum[cols.col_of[i]])
@@ -441,11 +483,12 @@ class FlashAttentionBackwardSm90:
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe, read)
             read.advance()
-            self._stage_dq(acc_dq, tQsdQ, dq_free, leader, softmax_scale)
+            self._stage_dq(acc_dq, smem.sdQ, wg, ctid % WARPGROUP, dq_free, leader,
+                           softmax_scale)
             if leader:  # a whole warp: the TMA copy elects its own lane
                 if cutlass.const_expr(cfg.deterministic):
                     self._wait_turn(mTurns, m, tile)
-                cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, m, wg)])
+                cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, dq_box0 + m * cfg.consumers)])
                 tma.commit()
                 if cutlass.const_expr(cfg.deterministic):
                     self._pass_turn(mTurns, m, tile)
@@ -455,14 +498,11 @@ class FlashAttentionBackwardSm90:
                        softmax_scale)
 
     @cute.jit
-    def _load_stat(self, mX, regs, tScS, cols, q0, tile):
-        """This thread's queries' LSE (as log2, +inf past s_q and for rows that saw no key)
-        or D (0 past s_q), as the torch face padded them to whole query blocks: loads with
-        no condition, all in flight at once (a load under a branch, its value tested before
-        the next, costs a memory latency each)."""
-        base = q0 + tScS[0][1]
+    def _load_stat(self, sX, regs, tScS, cols, stage):
+        """This thread's queries' LSE (log2; +inf past s_q and for rows that saw no key) or D
+        (0 past s_q) from the stage's shared copy."""
         for j in cutlass.range_constexpr(len(cols.cols)):
-            regs[j] = mX[base + cols.cols[j], tile.head, tile.batch]
+            regs[j] = sX[tScS[0][1] + cols.cols[j], stage]
 
     @cute.jit
     def _mask(self, acc_s, tScS, key0, q0, tile):
@@ -528,15 +568,22 @@ class FlashAttentionBackwardSm90:
         cute.arch.sync_warp()
 
     @cute.jit
-    def _stage_dq(self, acc_dq, tQsdQ, dq_free, leader, softmax_scale):
+    def _stage_dq(self, acc_dq, sdQ, wg, thread, dq_free, leader, softmax_scale):
         """dQ_m * scale into this warpgroup's staging buffer, once the previous block's TMA
         reduction has read it (its issuing lane waits, the warpgroup's barrier passes that
         on), then ordered before the reduction reads it (proxy fence, the barrier again)."""
         if leader:
             tma.wait(0)
         dq_free.arrive_and_wait()
-        for i in cutlass.range_constexpr(cute.size(acc_dq)):
-            tQsdQ[i] = acc_dq[i] * softmax_scale
+        # the buffer as (4 values, chunk j x 128 threads): chunk j of thread t at j * 128 + t
+        chunks = cute.size(acc_dq) // 4
+        buf = cute.make_tensor(sdQ[(None, None, wg)].iterator,
+                               cute.make_layout((4, chunks * WARPGROUP), stride=(1, 4)))
+        chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
+        for j in cutlass.range_constexpr(chunks):
+            for v in cutlass.range_constexpr(4):
+                chunk[v] = acc_dq[4 * j + v] * softmax_scale
+            cute.autovec_copy(chunk, buf[(None, j * WARPGROUP + thread)])
         cute.arch.fence_view_async_shared()
         dq_free.arrive_and_wait()
 
