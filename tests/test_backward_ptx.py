@@ -274,3 +274,26 @@ def _dq_fragment_coordinates(d):
 
     trace()
     return torch.tensor(found)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_preprocess_ptx(d):
+    """The preprocessing pass reads O and dO 16 bytes a thread (64 rows per CTA: d / 8
+    threads a row) and sums a row by shuffles; no spills."""
+    import torch
+
+    from cutetma import dsl
+    from cutetma.kernels.attention.preprocess import BackwardPreprocess
+    from cutetma.runtime.launch import typed_pointer
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    ptx = dsl.compile_ptx(BackwardPreprocess(d).from_pointers,
+                          *(typed_pointer(torch.bfloat16),) * 2,
+                          *(typed_pointer(torch.float32, 4),) * 3, *(cutlass.Int32(1),) * 3,
+                          *(cutlass.Int64(8),) * 6, make_fake_stream()).ptx
+    assert len(re.findall(r"ld\.global[^\n]*\.v4", ptx)) == 2 * 64 // (128 // (d // 8))
+    assert re.search(r"shfl\.sync\.bfly", ptx)
+    if shutil.which("ptxas"):
+        assert "0 bytes spill stores" in build.ptxas_log(ptx)

@@ -6,9 +6,9 @@ Given the forward's inputs, its output and LSE, and dO, it makes the LSE in log2
 D = rowsum(dO * O) (fp32, (b, h, s_q) padded to whole query blocks; D minus the LSE's own
 gradient where the LSE was used), zeroes an fp32 dQ accumulator (in the dQ MMA's fragment
 order: ``dq_from_fragments``), launches ``FlashAttentionBackwardSm90`` (one CTA per key
-block; dQ added into the accumulator, dK and dV written per query head in fp32) and
-converts: dQ to q's dtype, dK and dV summed over each K/V head's group of query heads (GQA /
-MQA) and converted to k's::
+block; dQ added into the accumulator, dK and dV written per query head, in k's dtype or,
+under GQA / MQA, in fp32) and converts: dQ to q's dtype, and under GQA dK and dV summed over
+each K/V head's group of query heads and converted to k's::
 
     out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
@@ -22,7 +22,7 @@ import torch
 
 from cutetma import runtime
 from cutetma.checks import check_operand, tma_rows_aligned
-from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, LOG2_E, BackwardConfig
+from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -41,20 +41,23 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     # torch.use_deterministic_algorithms: dQ's key blocks added in order (the same bits)
     deterministic = gemm_tuning.deterministic_mode()
-    q, k, v, dout = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
-                     for x in (q, k, v, dout))
+    q, k, v, dout, out = (x if tma_rows_aligned(x)
+                          else x.clone(memory_format=torch.contiguous_format)
+                          for x in (q, k, v, dout, out))
     lse_log2, dsum = _statistics(dout, out, lse, dlse)
     blocks = lse_log2.shape[-1] // BackwardConfig.block_m
     dq = torch.zeros(b * h * blocks * BackwardConfig.block_m * d, device=q.device,
                      dtype=torch.float32)  # in the kernel's fragment order
-    dk = torch.empty(b, s_k, h, d, device=q.device, dtype=torch.float32)
+    # dK and dV in k's dtype straight from the kernel, or fp32 where GQA sums them after
+    grad_kv_dtype = k.dtype if h == h_kv else torch.float32
+    dk = torch.empty(b, s_k, h, d, device=q.device, dtype=grad_kv_dtype)
     dv = torch.empty_like(dk)
     turns = torch.zeros(b, h, blocks, device=q.device, dtype=torch.int32) if deterministic \
         else dsum  # not read
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     launch = runtime.attention_backward_launch(
         q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load,
-                                deterministic=deterministic))
+                                deterministic=deterministic), grad_kv_dtype)
     strides = tuple(x.stride(i) for x in (q, k, v, dout) for i in (1, 2, 0))
     launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse_log2.data_ptr(),
             dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), turns.data_ptr(),
@@ -84,18 +87,22 @@ def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
 
 
 def _statistics(dout, out, lse, dlse) -> tuple:
-    """The kernel's per-query inputs, (b, h, s_q padded to whole query blocks) fp32: the LSE
-    in log2 (+inf where a row saw no key, its -inf, and in the padding: P = 0 there) and
-    D = rowsum(dO * O) - dLSE (0 in the padding). Padded, the kernel loads them with no
-    bounds test."""
-    b, s_q, h, _ = out.shape
+    """The kernel's per-query inputs, (b, h, s_q padded to whole query blocks) fp32, from the
+    preprocessing kernel (``BackwardPreprocess``): the LSE in log2 (+inf where a row saw no
+    key, and in the padding: P = 0 there) and D = rowsum(dO * O) (0 in the padding), minus
+    the LSE's own gradient where the caller used the LSE."""
+    b, s_q, h, d = out.shape
     padded = -(-s_q // BackwardConfig.block_m) * BackwardConfig.block_m
-    lse_log2 = torch.full((b, h, padded), float("inf"), device=out.device, dtype=torch.float32)
-    lse = lse.float()
-    lse_log2[..., :s_q] = torch.where(lse == float("-inf"), float("inf"), lse * LOG2_E)
-    dsum = torch.zeros_like(lse_log2)
-    rowsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, s_q)
-    dsum[..., :s_q] = rowsum if dlse is None else rowsum - dlse.float()
+    lse_log2 = torch.empty(b, h, padded, device=out.device, dtype=torch.float32)
+    dsum = torch.empty_like(lse_log2)
+    lse = lse.float().contiguous()
+    launch = runtime.backward_preprocess_launch(out.dtype, d)
+    launch((out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+            lse_log2.data_ptr(), dsum.data_ptr(), b, s_q, h)
+           + tuple(x.stride(i) for x in (out, dout) for i in (1, 2, 0))
+           + (torch.cuda.current_stream(out.device).cuda_stream,))
+    if dlse is not None:
+        dsum[..., :s_q] -= dlse.float()
     return lse_log2, dsum
 
 

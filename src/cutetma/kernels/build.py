@@ -367,8 +367,8 @@ def compile_attention_backward(cfg, dtype_name: str = "BFloat16"):
 
     dtype = getattr(cutlass, dtype_name)
     return dsl.compile_ptx(FlashAttentionBackwardSm90(cfg).from_pointers,
-                           *(pointer(dtype, 16),) * 4, *(pointer(cutlass.Float32, 16),) * 2,
-                           *(pointer(cutlass.Float32, 16),) * 3, pointer(cutlass.Int32, 4),
+                           *(pointer(dtype, 16),) * 4, *(pointer(cutlass.Float32, 16),) * 3,
+                           *(pointer(dtype, 16),) * 2, pointer(cutlass.Int32, 4),
                            *(cutlass.Int32(1),) * 5,
                            *(cutlass.Int64(8),) * 12, cutlass.Float32(0.125),
                            make_fake_stream())

@@ -19,7 +19,8 @@ _NAMES = {
     "attention_launch": "launch", "gemm_launch": "launch", "typed_pointer": "launch",
     "paged_attention_launch": "launch",
     "combine_launch": "launch", "attention_backward_launch": "launch",
-    "BackwardLaunch": "launch",
+    "BackwardLaunch": "launch", "backward_preprocess_launch": "launch",
+    "PreprocessLaunch": "launch",
     "scaled_gemm_launch": "launch",
     "split_workspace": "workspace",
 }

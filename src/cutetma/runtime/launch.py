@@ -138,6 +138,14 @@ class BackwardLaunch(PointerLaunch):
              + (ctypes.c_float, ctypes.c_void_p))
 
 
+class PreprocessLaunch(PointerLaunch):
+    """``BackwardPreprocess.from_pointers``: O, dO, LSE, LSE (log2) and D outputs; batch,
+    s_q, heads; the (seq, head, batch) strides of O and dO; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 5 + (ctypes.c_int32,) * 3 + (ctypes.c_int64,) * 6
+             + (ctypes.c_void_p,))
+
+
 class CombineLaunch(PointerLaunch):
     """``SplitCombine.from_pointers``: O and LSE partials, O, LSE; batch, s_q, heads,
     splits; O's (seq, head, batch) strides; the stream."""
@@ -295,9 +303,39 @@ def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
     return cached(("split_combine", dtype, head_dim), build)
 
 
-def attention_backward_launch(dtype: torch.dtype, cfg) -> BackwardLaunch:
+def backward_preprocess_launch(dtype: torch.dtype, head_dim: int) -> PreprocessLaunch:
+    """The backward's preprocessing pass (``BackwardPreprocess``) for O and dO of ``dtype``
+    and this head dim, compiled on its first use."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.attention.preprocess import BackwardPreprocess
+
+            return cute.compile(BackwardPreprocess(head_dim).from_pointers, *args)
+
+        args = (typed_pointer(dtype), typed_pointer(dtype),
+                *[typed_pointer(torch.float32, 4) for _ in range(3)], *(1,) * 9,
+                make_fake_stream())
+        return PreprocessLaunch(cache.load_or_compile(
+            {"entry": "BackwardPreprocess.from_pointers", "config": f"head_dim={head_dim}",
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("backward_preprocess", dtype, head_dim), build)
+
+
+def attention_backward_launch(dtype: torch.dtype, cfg,
+                              grad_kv_dtype: torch.dtype | None = None) -> BackwardLaunch:
     """The attention backward's ``BackwardLaunch`` of this (dtype, ``BackwardConfig``),
-    compiled on its first use; sizes and strides are runtime values."""
+    compiled on its first use; sizes and strides are runtime values. dK and dV are written
+    in ``grad_kv_dtype`` (default ``dtype``; fp32 where GQA sums them afterwards)."""
+    grad_kv_dtype = grad_kv_dtype or dtype
 
     def build():
         from cutetma import dsl
@@ -313,11 +351,12 @@ def attention_backward_launch(dtype: torch.dtype, cfg) -> BackwardLaunch:
             return cute.compile(FlashAttentionBackwardSm90(cfg).from_pointers, *args)
 
         args = (*[typed_pointer(dtype) for _ in range(4)],
-                *[typed_pointer(torch.float32, 16) for _ in range(5)],
+                *[typed_pointer(torch.float32, 16) for _ in range(3)],
+                *[typed_pointer(grad_kv_dtype, 16) for _ in range(2)],
                 typed_pointer(torch.int32, 4), *(1,) * 17,
                 cutlass.Float32(1.0), make_fake_stream())
         return BackwardLaunch(cache.load_or_compile(
             {"entry": "FlashAttentionBackwardSm90.from_pointers", "config": repr(cfg),
              "args": cache.describe_args(*args)}, compile_it))
 
-    return cached(("attention_backward", dtype, cfg), build)
+    return cached(("attention_backward", dtype, cfg, grad_kv_dtype), build)

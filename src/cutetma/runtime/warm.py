@@ -317,7 +317,8 @@ def _launch(entry: Entry) -> None:
         launch.combine_launch(dtype, entry.cfg)
         return
     if entry.op == "backward":
-        launch.attention_backward_launch(dtype, entry.cfg)
+        launch.attention_backward_launch(dtype, entry.cfg)  # dK, dV in the inputs' dtype
+        launch.backward_preprocess_launch(dtype, entry.cfg.head_dim)
         return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)

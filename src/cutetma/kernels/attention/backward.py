@@ -16,8 +16,8 @@ walks the query blocks that see them, 64 queries at a time. Per query block m::
                     dQ_m[:, d half w] = dS K[:, d half w]              (SS WGMMA, all keys)
                     release Q_m / dO_m; dQ_m * scale added into the fp32 dQ accumulator by
                     8-byte reductions (red.global.add.v2.f32)
-    end             dK_w * scale, dV_w to fp32 outputs (one per query head: the torch face
-                    sums a K/V head's group)
+    end             dK_w * scale, dV_w to outputs, one per query head (fp32 under GQA: the
+                    torch face sums a K/V head's group)
 
 D = rowsum(dO * O) and the LSE (the forward's, as log2) come in as fp32 (b, h, s_q padded to
 whole query blocks) tensors, +inf and 0 in the padding and +inf for rows that saw no key; the
@@ -90,8 +90,9 @@ class FlashAttentionBackwardSm90:
         """mQ, mdO: (s_q, d, h, b); mK, mV: (s_k, d, h_kv, b); mLSE, mD: (s_q padded, h, b)
         fp32; mdQ: (rows, 256) fp32, dQ in the dQ MMA's fragment order
         (``cutetma.backward.dq_from_fragments``), added into (zeros on entry); mdK, mdV:
-        (s_k, d, h, b) fp32, one per query head. ``deterministic``: mTurns (query blocks,
-        h, b) int32, zeros on entry (unused otherwise)."""
+        (s_k, d, h, b), one per query head (the inputs' dtype, or fp32 for GQA's sums).
+        ``deterministic``: mTurns (query blocks, h, b) int32, zeros on entry (unused
+        otherwise)."""
         cfg = self.cfg
         dtype = mQ.element_type
         aligned = FlashAttentionSm90._aligned_strides
@@ -167,7 +168,7 @@ class FlashAttentionBackwardSm90:
         """``__call__`` from base pointers, sizes and the (seq, head, batch) strides of the
         (b, s, h, d) inputs Q, K, V, dO (d contiguous); the LSE (log2) and D contiguous
         (b, h, s_q padded to whole query blocks) fp32; dQ in fragment order
-        (``cutetma.backward.dq_from_fragments``), dK and dV (b, s_k, h, d) contiguous fp32."""
+        (``cutetma.backward.dq_from_fragments``), dK and dV (b, s_k, h, d) contiguous."""
         d = self.cfg.head_dim
 
         def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
@@ -589,19 +590,20 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def _store_kv(self, acc_dk, acc_dv, kv_thr, mdK, mdV, key0, tile, softmax_scale):
-        """dK * scale and dV, this thread's rows below s_k, 8 bytes per store."""
+        """dK * scale and dV in the outputs' dtype, this thread's rows below s_k, a column
+        pair per store."""
         cfg = self.cfg
         tKcK = kv_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.head_dim)))
         for i in cutlass.range_constexpr(cute.size(acc_dk) // 2):
             row, col = tKcK[2 * i]
             key = key0 + row
             if key < tile.seqlen_k:
-                pair = cute.make_rmem_tensor((2,), cutlass.Float32)
-                pair[0] = acc_dk[2 * i] * softmax_scale
-                pair[1] = acc_dk[2 * i + 1] * softmax_scale
+                pair = cute.make_rmem_tensor((2,), mdK.element_type)
+                pair[0] = (acc_dk[2 * i] * softmax_scale).to(mdK.element_type)
+                pair[1] = (acc_dk[2 * i + 1] * softmax_scale).to(mdK.element_type)
                 cute.autovec_copy(pair, cute.local_tile(
                     mdK[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))
-                pair[0] = acc_dv[2 * i]
-                pair[1] = acc_dv[2 * i + 1]
+                pair[0] = acc_dv[2 * i].to(mdK.element_type)
+                pair[1] = acc_dv[2 * i + 1].to(mdK.element_type)
                 cute.autovec_copy(pair, cute.local_tile(
                     mdV[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))
