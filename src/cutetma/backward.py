@@ -66,23 +66,24 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it
         dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
         dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
-    return dq_from_fragments(dq, b, s_q, h, d, q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return (dq_from_fragments(dq, b, s_q, h, d, q.dtype, scale), dk.to(k.dtype),
+            dv.to(v.dtype))
 
 
 def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-    """dQ (b, s_q, h, d) in ``dtype`` from the kernel's fp32 accumulator, which holds each
-    (batch, head, 64-query block) as the dQ MMA leaves it in registers: per consumer
-    warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane row r, lane
-    column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r and column
+                      dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """dQ (b, s_q, h, d) in ``dtype``, times ``scale``, from the kernel's fp32 accumulator,
+    which holds each (batch, head, 64-query block) as the dQ MMA leaves it in registers:
+    per consumer warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane
+    row r, lane column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r and column
     w d/2 + 8 j + 2 c + e0. Each thread's chunk lies next to its neighbours' (16-byte shared
-    stores without bank conflicts, one TMA reduction per warpgroup); this one copy puts the
-    values back in place."""
+    stores without bank conflicts, one TMA reduction per warpgroup); this one pass puts the
+    values back in place and applies the softmax scale."""
     blocks = acc.numel() // (b * h * BackwardConfig.block_m * d)
     frag = acc.view(b, h, blocks, 2, d // 16, 4, 8, 4, 2, 2)
     out = torch.empty(b, blocks * BackwardConfig.block_m, h, d, device=acc.device, dtype=dtype)
-    out.view(b, blocks, 4, 2, 8, h, 2, d // 16, 4, 2).copy_(
-        frag.permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9))
+    torch.mul(frag.permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9), scale,
+              out=out.view(b, blocks, 4, 2, 8, h, 2, d // 16, 4, 2))
     return out if out.shape[1] == s_q else out[:, :s_q].contiguous()
 
 

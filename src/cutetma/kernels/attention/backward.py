@@ -4,18 +4,20 @@ load mechanism a parameter (FlashAttention-3's structure; ``BackwardConfig``).
 One CTA per (key block n, head, batch): its 128 keys' K and V stay in shared memory while it
 walks the query blocks that see them, 64 queries at a time. Per query block m::
 
-    producer        Q_m, dO_m (TMA, or cp.async by a warpgroup) ---> Q / dO ring (full /
-                    K_n, V_n once, on their own barrier                empty pairs)
+    producer        Q_m, dO_m, LSE_m, D_m (TMA,  ---> Q / dO / LSE / D ring (full / empty
+                    or cp.async by a warpgroup)        pairs); K_n, V_n once, own barrier
     consumer WG w   S^T  = K_w Q_m^T     dP^T = V_w dO_m^T           (SS WGMMA: keys on M,
       (w = 0, 1:                                                       so P^T and dS^T are
        keys 64 w ..  P^T  = exp2(S^T scale log2 e - LSE log2 e)        A fragments as they
-       64 w + 63)    dS^T = P^T (dP^T - D)                             lie, no shuffles)
-                    dV_w += P^T dO_m      dK_w += dS^T Q_m            (RS WGMMA; B: dO, Q seen
-                                                                       transposed in place)
-                    dS^T -> shared memory (this warpgroup's 64 rows), DS_READY barrier
-                    dQ_m[:, d half w] = dS K[:, d half w]              (SS WGMMA, all keys)
-                    release Q_m / dO_m; dQ_m * scale added into the fp32 dQ accumulator by
-                    8-byte reductions (red.global.add.v2.f32)
+       64 w + 63)    dV_w += P^T dO_m   (issued, runs under the dS math)  (RS WGMMA; B: dO, Q
+                    dS^T = P^T (dP^T - D)                               seen transposed in
+                    dS^T -> shared memory (this warpgroup's 64 rows),   place)
+                    DS_READY barrier
+                    dQ_m[:, d half w] = dS K[:, d half w]   (SS WGMMA, all keys), then
+                    dK_w += dS^T Q_m (RS); while dK runs, dQ_m goes to shared memory in the
+                    MMA's fragment order and one TMA reduction adds it into the fp32
+                    accumulator (same order; scaled and put in place by the conversion)
+                    release Q_m / dO_m once dK is done
     end             dK_w * scale, dV_w to outputs, one per query head (fp32 under GQA: the
                     torch face sums a K/V head's group)
 
@@ -475,17 +477,15 @@ class FlashAttentionBackwardSm90:
             for i in cutlass.range_constexpr(cute.size(tdSr_as_s)):
                 tSsdS_buf[i] = tdSr_as_s[i]
             cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
+            ds_ready.arrive_and_wait()  # both halves of dS are in
+            # dQ first, then dK: dQ is staged and sent while dK's GEMM runs
+            self._issue_ss(dq_mma, acc_dq, tQrdS, tQrKt, buf, 0)
+            warpgroup.commit_group()
             warpgroup.fence()
             self._issue_rs(dkv_mma, acc_dk, tdSr, tKrQt, stage)  # dK += dS^T Q
             warpgroup.commit_group()
-            ds_ready.arrive_and_wait()  # both halves of dS are in
-            self._issue_ss(dq_mma, acc_dq, tQrdS, tQrKt, buf, 0)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe, read)
-            read.advance()
-            self._stage_dq(acc_dq, smem.sdQ, wg, ctid % WARPGROUP, dq_free, leader,
-                           softmax_scale)
+            warpgroup.wait_group(1)
+            self._stage_dq(acc_dq, smem.sdQ, wg, ctid % WARPGROUP, dq_free, leader)
             if leader:  # a whole warp: the TMA copy elects its own lane
                 if cutlass.const_expr(cfg.deterministic):
                     self._wait_turn(mTurns, m, tile)
@@ -493,6 +493,9 @@ class FlashAttentionBackwardSm90:
                 tma.commit()
                 if cutlass.const_expr(cfg.deterministic):
                     self._pass_turn(mTurns, m, tile)
+            warpgroup.wait_group(0)  # dK has read Q's stage
+            self.loader.consumer_release(pipe, read)
+            read.advance()
         if leader:
             tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
@@ -569,8 +572,8 @@ class FlashAttentionBackwardSm90:
         cute.arch.sync_warp()
 
     @cute.jit
-    def _stage_dq(self, acc_dq, sdQ, wg, thread, dq_free, leader, softmax_scale):
-        """dQ_m * scale into this warpgroup's staging buffer, once the previous block's TMA
+    def _stage_dq(self, acc_dq, sdQ, wg, thread, dq_free, leader):
+        """dQ_m into this warpgroup's staging buffer, once the previous block's TMA
         reduction has read it (its issuing lane waits, the warpgroup's barrier passes that
         on), then ordered before the reduction reads it (proxy fence, the barrier again)."""
         if leader:
@@ -583,7 +586,7 @@ class FlashAttentionBackwardSm90:
         chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
         for j in cutlass.range_constexpr(chunks):
             for v in cutlass.range_constexpr(4):
-                chunk[v] = acc_dq[4 * j + v] * softmax_scale
+                chunk[v] = acc_dq[4 * j + v]
             cute.autovec_copy(chunk, buf[(None, j * WARPGROUP + thread)])
         cute.arch.fence_view_async_shared()
         dq_free.arrive_and_wait()
