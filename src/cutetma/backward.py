@@ -73,12 +73,12 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
                       dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     """dQ (b, s_q, h, d) in ``dtype``, times ``scale``, from the kernel's fp32 accumulator,
-    which holds each (batch, head, 64-query block) as the dQ MMA leaves it in registers:
-    per consumer warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane
-    row r, lane column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r and column
-    w d/2 + 8 j + 2 c + e0. Each thread's chunk lies next to its neighbours' (16-byte shared
-    stores without bank conflicts, one TMA reduction per warpgroup); this one pass puts the
-    values back in place and applies the softmax scale."""
+    which holds each (batch, head, 64-query block) as the dQ MMA leaves it in registers: per
+    consumer warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane row
+    r, lane column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r
+    and column w d/2 + 8 j + 2 c + e0. Each thread's chunk lies next to its neighbours'
+    (16-byte shared stores without bank conflicts, one TMA reduction per warpgroup); this one
+    pass puts the values back in place and applies the softmax scale."""
     blocks = acc.numel() // (b * h * BackwardConfig.block_m * d)
     frag = acc.view(b, h, blocks, 2, d // 16, 4, 8, 4, 2, 2)
     out = torch.empty(b, blocks * BackwardConfig.block_m, h, d, device=acc.device, dtype=dtype)
