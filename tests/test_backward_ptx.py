@@ -222,34 +222,37 @@ def test_deterministic_mode_takes_turns():
     assert build.nested_elects(ordered) == 0
 
 
+@pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize("d", [64, 128])
-def test_dq_fragment_order_is_the_mmas(d):
+def test_dq_fragment_order_is_the_mmas(d, block_m):
     """``dq_from_fragments`` puts each value where the dQ MMA's own partition (CuTe's
     algebra, traced for every thread) says it belongs: a dQ whose every value names its
-    (query, column) comes back in place, padding rows dropped."""
+    (query, column) comes back in place, padding rows dropped, times the scale."""
     import torch
 
     from cutetma.backward import dq_from_fragments
-    coords = _dq_fragment_coordinates(d)  # (threads, values, 2): (query, column) in the block
-    b, h, s_q = 2, 3, 100
-    blocks = -(-s_q // 64)
-    acc = torch.empty(b, h, blocks, 2 * 128 * (coords.shape[1] // 4) * 4)
+
+    coords = _dq_fragment_coordinates(d, block_m)  # (threads, values, 2): (query, column)
+    b, h, s_q = 2, 3, 200
+    blocks = -(-s_q // block_m)
+    values = coords.shape[1]
+    acc = torch.empty(b, h, blocks, 2 * 128 * values)
     for t in range(coords.shape[0]):
         wg, thread = divmod(t, 128)
-        for i in range(coords.shape[1]):
-            slot = wg * 128 * coords.shape[1] + (i // 4 * 128 + thread) * 4 + i % 4
+        for i in range(values):
+            slot = wg * 128 * values + (i // 4 * 128 + thread) * 4 + i % 4
             query, col = coords[t, i]
             acc[:, :, :, slot] = float(query * 1000 + col)
-    acc += (torch.arange(blocks) * 64 * 1000).view(1, 1, -1, 1)
+    acc += (torch.arange(blocks) * block_m * 1000).view(1, 1, -1, 1)
     acc += (torch.arange(h) * 1e6).view(1, -1, 1, 1) + (torch.arange(b) * 1e7).view(-1, 1, 1, 1)
-    dq = dq_from_fragments(acc.flatten(), b, s_q, h, d, torch.float64)
+    dq = dq_from_fragments(acc.flatten(), b, s_q, h, d, torch.float64, 0.5, block_m)
     want = (torch.arange(s_q).view(1, -1, 1, 1) * 1000 + torch.arange(d).view(1, 1, 1, -1)
             + torch.arange(h).view(1, 1, -1, 1) * 1e6 + torch.arange(b).view(-1, 1, 1, 1) * 1e7)
     assert dq.shape == (b, s_q, h, d)
-    assert torch.equal(dq, want.double().expand(b, s_q, h, d))
+    assert torch.equal(dq, 0.5 * want.double().expand(b, s_q, h, d))
 
 
-def _dq_fragment_coordinates(d):
+def _dq_fragment_coordinates(d, block_m):
     """(256 threads, values, 2): each consumer thread's (query, column) of every value of the
     backward's dQ accumulator, from the dQ tiled MMA's partition traced on the CPU."""
     import torch
@@ -263,7 +266,7 @@ def _dq_fragment_coordinates(d):
 
     def every_thread(mma):  # plain Python, run while tracing (the DSL rewrites only trace)
         for t in range(256):
-            c = mma.get_slice(t).partition_C(cute.make_identity_tensor((64, d)))
+            c = mma.get_slice(t).partition_C(cute.make_identity_tensor((block_m, d)))
             found.append([[int(x) for x in c[i]] for i in range(cute.size(c))])
 
     @cute.jit

@@ -44,9 +44,10 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     q, k, v, dout, out = (x if tma_rows_aligned(x)
                           else x.clone(memory_format=torch.contiguous_format)
                           for x in (q, k, v, dout, out))
-    lse_log2, dsum = _statistics(dout, out, lse, dlse)
-    blocks = lse_log2.shape[-1] // BackwardConfig.block_m
-    dq = torch.zeros(b * h * blocks * BackwardConfig.block_m * d, device=q.device,
+    cfg = BackwardConfig(head_dim=d, causal=causal, load=load, deterministic=deterministic)
+    lse_log2, dsum = _statistics(dout, out, lse, dlse, cfg.block_m)
+    blocks = lse_log2.shape[-1] // cfg.block_m
+    dq = torch.zeros(b * h * blocks * cfg.block_m * d, device=q.device,
                      dtype=torch.float32)  # in the kernel's fragment order
     # dK and dV in k's dtype straight from the kernel, or fp32 where GQA sums them after
     grad_kv_dtype = k.dtype if h == h_kv else torch.float32
@@ -55,9 +56,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     turns = torch.zeros(b, h, blocks, device=q.device, dtype=torch.int32) if deterministic \
         else dsum  # not read
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
-    launch = runtime.attention_backward_launch(
-        q.dtype, BackwardConfig(head_dim=d, causal=causal, load=load,
-                                deterministic=deterministic), grad_kv_dtype)
+    launch = runtime.attention_backward_launch(q.dtype, cfg, grad_kv_dtype)
     strides = tuple(x.stride(i) for x in (q, k, v, dout) for i in (1, 2, 0))
     launch((q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse_log2.data_ptr(),
             dsum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), turns.data_ptr(),
@@ -66,38 +65,40 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it
         dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
         dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
-    return (dq_from_fragments(dq, b, s_q, h, d, q.dtype, scale), dk.to(k.dtype),
+    return (dq_from_fragments(dq, b, s_q, h, d, q.dtype, scale, cfg.block_m), dk.to(k.dtype),
             dv.to(v.dtype))
 
 
 def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
-                      dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+                      dtype: torch.dtype, scale: float = 1.0,
+                      block_m: int = 64) -> torch.Tensor:
     """dQ (b, s_q, h, d) in ``dtype``, times ``scale``, from the kernel's fp32 accumulator,
-    which holds each (batch, head, 64-query block) as the dQ MMA leaves it in registers: per
-    consumer warpgroup w (columns w d/2 ..), per 4-value chunk j, per thread (warp, lane row
-    r, lane column c), the values (row half e1, column pair e0) of query 16 warp + 8 e1 + r
-    and column w d/2 + 8 j + 2 c + e0. Each thread's chunk lies next to its neighbours'
-    (16-byte shared stores without bank conflicts, one TMA reduction per warpgroup); this one
-    pass puts the values back in place and applies the softmax scale."""
-    blocks = acc.numel() // (b * h * BackwardConfig.block_m * d)
-    frag = acc.view(b, h, blocks, 2, d // 16, 4, 8, 4, 2, 2)
-    out = torch.empty(b, blocks * BackwardConfig.block_m, h, d, device=acc.device, dtype=dtype)
-    torch.mul(frag.permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9), scale,
-              out=out.view(b, blocks, 4, 2, 8, h, 2, d // 16, 4, 2))
+    which holds each (batch, head, ``block_m``-query block) as the dQ MMA leaves it in
+    registers: per consumer warpgroup w (columns w d/2 ..), per 4-value chunk (i, j), per
+    thread (warp, lane row r, lane column c), the values (row half e1, column pair e0) of
+    query 64 i + 16 warp + 8 e1 + r and column w d/2 + 8 j + 2 c + e0. Each thread's chunk
+    lies next to its neighbours' (16-byte shared stores without bank conflicts, one TMA
+    reduction per warpgroup); this one pass puts the values back in place and applies the
+    softmax scale."""
+    blocks, m64 = acc.numel() // (b * h * block_m * d), block_m // 64
+    frag = acc.view(b, h, blocks, 2, m64, d // 16, 4, 8, 4, 2, 2)
+    out = torch.empty(b, blocks * block_m, h, d, device=acc.device, dtype=dtype)
+    torch.mul(frag.permute(0, 2, 4, 6, 9, 7, 1, 3, 5, 8, 10), scale,
+              out=out.view(b, blocks, m64, 4, 2, 8, h, 2, d // 16, 4, 2))
     return out if out.shape[1] == s_q else out[:, :s_q].contiguous()
 
 
-def _statistics(dout, out, lse, dlse) -> tuple:
+def _statistics(dout, out, lse, dlse, block_m: int) -> tuple:
     """The kernel's per-query inputs, (b, h, s_q padded to whole query blocks) fp32, from the
     preprocessing kernel (``BackwardPreprocess``): the LSE in log2 (+inf where a row saw no
     key, and in the padding: P = 0 there) and D = rowsum(dO * O) (0 in the padding), minus
     the LSE's own gradient where the caller used the LSE."""
     b, s_q, h, d = out.shape
-    padded = -(-s_q // BackwardConfig.block_m) * BackwardConfig.block_m
+    padded = -(-s_q // block_m) * block_m
     lse_log2 = torch.empty(b, h, padded, device=out.device, dtype=torch.float32)
     dsum = torch.empty_like(lse_log2)
     lse = lse.float().contiguous()
-    launch = runtime.backward_preprocess_launch(out.dtype, d)
+    launch = runtime.backward_preprocess_launch(out.dtype, d, block_m)
     launch((out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
             lse_log2.data_ptr(), dsum.data_ptr(), b, s_q, h)
            + tuple(x.stride(i) for x in (out, dout) for i in (1, 2, 0))

@@ -303,9 +303,10 @@ def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
     return cached(("split_combine", dtype, head_dim), build)
 
 
-def backward_preprocess_launch(dtype: torch.dtype, head_dim: int) -> PreprocessLaunch:
-    """The backward's preprocessing pass (``BackwardPreprocess``) for O and dO of ``dtype``
-    and this head dim, compiled on its first use."""
+def backward_preprocess_launch(dtype: torch.dtype, head_dim: int,
+                               block_m: int = 64) -> PreprocessLaunch:
+    """The backward's preprocessing pass (``BackwardPreprocess``) for O and dO of ``dtype``,
+    this head dim and the backward's query block, compiled on its first use."""
 
     def build():
         from cutetma import dsl
@@ -318,16 +319,17 @@ def backward_preprocess_launch(dtype: torch.dtype, head_dim: int) -> PreprocessL
         def compile_it():
             from cutetma.kernels.attention.preprocess import BackwardPreprocess
 
-            return cute.compile(BackwardPreprocess(head_dim).from_pointers, *args)
+            return cute.compile(BackwardPreprocess(head_dim, block_m).from_pointers, *args)
 
         args = (typed_pointer(dtype), typed_pointer(dtype),
                 *[typed_pointer(torch.float32, 4) for _ in range(3)], *(1,) * 9,
                 make_fake_stream())
         return PreprocessLaunch(cache.load_or_compile(
-            {"entry": "BackwardPreprocess.from_pointers", "config": f"head_dim={head_dim}",
+            {"entry": "BackwardPreprocess.from_pointers",
+             "config": f"head_dim={head_dim},block_m={block_m}",
              "args": cache.describe_args(*args)}, compile_it))
 
-    return cached(("backward_preprocess", dtype, head_dim), build)
+    return cached(("backward_preprocess", dtype, head_dim, block_m), build)
 
 
 def attention_backward_launch(dtype: torch.dtype, cfg,

@@ -217,7 +217,6 @@ def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> l
     """The attention backward's kernel (``cutetma.attention_backward``, autograd through
     ``cutetma.attention``) for each (head dim it supports, causal), dtype and load."""
     from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
-
     return _distinct(Entry("backward", dtype, BackwardConfig(head_dim=d, causal=causal,
                                                              load=load))
                      for dtype in dtypes for load in loads for d, causal in specs
@@ -318,7 +317,7 @@ def _launch(entry: Entry) -> None:
         return
     if entry.op == "backward":
         launch.attention_backward_launch(dtype, entry.cfg)  # dK, dV in the inputs' dtype
-        launch.backward_preprocess_launch(dtype, entry.cfg.head_dim)
+        launch.backward_preprocess_launch(dtype, entry.cfg.head_dim, entry.cfg.block_m)
         return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)

@@ -121,14 +121,15 @@ class FlashAttentionBackwardSm90:
         # thread's 4-value chunks side by side: 16-byte stores, no bank conflicts), added into
         # the same order in mdQ by a TMA reduction of a plain (d / 8, 256) box
         # TMA reduction
-        sdQ_layout = cute.make_layout((d // 8, DQ_ROW, cfg.consumers),
-                                      stride=(DQ_ROW, 1, d // 8 * DQ_ROW))
+        dq_rows = cfg.dq_box_rows
+        sdQ_layout = cute.make_layout((dq_rows, DQ_ROW, cfg.consumers),
+                                      stride=(DQ_ROW, 1, dq_rows * DQ_ROW))
         tma_q, mQ_tma = tma.load_atom(mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_do, mdO_tma = tma.load_atom(mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, mK_tma = tma.load_atom(mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_v, mV_tma = tma.load_atom(mV, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_dq, mdQ_tma = tma.reduce_add_atom(mdQ, cute.slice_(sdQ_layout, (None, None, 0)),
-                                              (d // 8, DQ_ROW))
+                                              (dq_rows, DQ_ROW))
         # the LSE and D of a query block ride with its Q and dO: (block_m, stages) fp32
         sStat_layout = cute.make_layout((bm, cfg.stages))
         tma_lse, mLSE_tma = tma.load_atom(mLSE, cute.make_layout(bm), (bm,))
@@ -184,7 +185,8 @@ class FlashAttentionBackwardSm90:
 
         blocks = (seqlen_q + self.cfg.block_m - 1) // self.cfg.block_m
         dq_rows = cute.make_tensor(pdQ, cute.make_layout(
-            (batch * heads * blocks * (d // 4), DQ_ROW), stride=(DQ_ROW, 1)))
+            (batch * heads * blocks * self.cfg.consumers * self.cfg.dq_box_rows, DQ_ROW),
+            stride=(DQ_ROW, 1)))
         turns = cute.make_tensor(pTurns, cute.make_layout(  # contiguous (b, h, query blocks)
             (blocks, heads, batch), stride=(1, blocks, blocks * heads)))
 
@@ -403,7 +405,12 @@ class FlashAttentionBackwardSm90:
         sdp_thr = sdp_mma.get_slice(ctid)
         tScS = sdp_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.block_m)))
         # dS^T goes into shared memory as it lies in the accumulator: (keys, queries, buffer)
-        tSsdS = sdp_thr.partition_C(_transposed(smem.sdS))  # (values, 1, 1, buffer)
+        # ... and leaves through stmatrix, transposed (keys are contiguous in a dS row): four
+        # 8 x 8 matrices per instruction, a few addresses a thread, not one per value
+        r2s_ds = cute.make_tiled_copy_C(cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype), sdp_mma)
+        r2s_ds_thr = r2s_ds.get_slice(ctid)
+        tSsdS = r2s_ds_thr.partition_D(_transposed(smem.sdS))  # (.., buffer)
         s_shape = sdp_wg.partition_shape_C((cfg.block_n, cfg.block_m))
         acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -422,10 +429,8 @@ class FlashAttentionBackwardSm90:
         tdSr = cute.make_rmem_tensor(frag_a, dtype)
         tPr_as_s = cute.make_tensor(tPr.iterator, acc_s.layout)
         tdSr_as_s = cute.make_tensor(tdSr.iterator, acc_s.layout)
-        # the LSE and D of this thread's distinct query columns (16 of 64)
+        # this thread's distinct query columns (16 of 64), for the LSE and D
         cols = accumulator.value_offsets(sdp_mma, (cfg.block_n, cfg.block_m))
-        lse = cute.make_rmem_tensor((len(cols.cols),), cutlass.Float32)
-        dsum = cute.make_rmem_tensor((len(cols.cols),), cutlass.Float32)
         scale_log2 = softmax_scale * LOG2_E
         ds_ready = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DS_READY),
                                          num_threads=cfg.consumers * WARPGROUP)
@@ -439,7 +444,7 @@ class FlashAttentionBackwardSm90:
         # this warpgroup's half of dQ: its staging buffer and the TMA reduction's boxes, one
         # per (batch, head, query block, warpgroup) in that order
         tDsD, tDgD = tma.partition(tma_dq, smem.sdQ, cute.local_tile(
-            mdQ_tma, (cfg.head_dim // 8, DQ_ROW), (None, 0)), box_rank=2)
+            mdQ_tma, (cfg.dq_box_rows, DQ_ROW), (None, 0)), box_rank=2)
         dq_box0 = ((tile.batch * tile.heads + tile.head) * cute.ceil_div(
             tile.seqlen_q, cfg.block_m)) * cfg.consumers + wg
         dq_free = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DQ_STAGED) + wg,
@@ -449,7 +454,6 @@ class FlashAttentionBackwardSm90:
             q0 = m * cfg.block_m
             self.loader.consumer_wait(pipe, read)
             stage = read.index
-            self._load_stat(smem.sLSE, lse, tScS, cols, stage)
             # S^T and dP^T, two groups: P is computed while dP^T still runs
             self._issue_ss(sdp_mma, acc_s, tSrK, tSrQ, 0, stage)
             warpgroup.commit_group()
@@ -457,25 +461,21 @@ class FlashAttentionBackwardSm90:
             warpgroup.commit_group()
             warpgroup.wait_group(1)
             self._mask(acc_s, tScS, key0, q0, tile)
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - lse[cols.col_of[i]],
-                                          fastmath=True)
+            for j, lse in self._per_column(smem.sLSE, tScS, cols, stage):
+                for i in cols.values_of[j]:
+                    acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - lse, fastmath=True)
             tPr_as_s.store(acc_s.load().to(dtype))
             # dV += P^T dO runs while dS is computed
             warpgroup.fence()
             self._issue_rs(dkv_mma, acc_dv, tPr, tVrdOt, stage)
             warpgroup.commit_group()
-            # D now, not with the LSE: the LSE's registers are free again, and dS is at the
-            # register peak (P, dP, P's 16-bit copy in flight, dK, dV)
-            self._load_stat(smem.sD, dsum, tScS, cols, stage)
             warpgroup.wait_group(1)
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum[cols.col_of[i]])
+            for j, dsum in self._per_column(smem.sD, tScS, cols, stage):
+                for i in cols.values_of[j]:
+                    acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum)
             tdSr_as_s.store(acc_dp.load().to(dtype))
             buf = (m - tile.m_lo) % 2
-            tSsdS_buf = tSsdS[(None, None, None, buf)]
-            for i in cutlass.range_constexpr(cute.size(tdSr_as_s)):
-                tSsdS_buf[i] = tdSr_as_s[i]
+            cute.copy(r2s_ds, r2s_ds_thr.retile(tdSr_as_s), tSsdS[(None, None, None, buf)])
             cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
             ds_ready.arrive_and_wait()  # both halves of dS are in
             # dQ first, then dK: dQ is staged and sent while dK's GEMM runs
@@ -501,12 +501,15 @@ class FlashAttentionBackwardSm90:
         self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
                        softmax_scale)
 
-    @cute.jit
-    def _load_stat(self, sX, regs, tScS, cols, stage):
-        """This thread's queries' LSE (log2; +inf past s_q and for rows that saw no key) or D
-        (0 past s_q) from the stage's shared copy."""
-        for j in cutlass.range_constexpr(len(cols.cols)):
-            regs[j] = sX[tScS[0][1] + cols.cols[j], stage]
+    @staticmethod
+    def _per_column(sX, tScS, cols, stage):
+        """(j, value) for each of this thread's distinct query columns: the query's LSE (log2;
+        +inf past s_q and for rows that saw no key) or D (0 past s_q), read from the stage's
+        shared copy where it is used (held in registers across the loop, 2 x 32 of them at a
+        128-query block, they pushed the WGMMAs' registers over the edge). Plain Python,
+        unrolled while tracing."""
+        base = tScS[0][1]
+        return [(j, sX[base + col, stage]) for j, col in enumerate(cols.cols)]
 
     @cute.jit
     def _mask(self, acc_s, tScS, key0, q0, tile):

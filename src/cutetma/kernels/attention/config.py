@@ -237,7 +237,8 @@ class BackwardConfig:
     """One compiled variant of ``FlashAttentionBackwardSm90`` (``backward.py``): a CTA holds
     ``block_n`` keys (64 per consumer warpgroup) and walks the query blocks of ``block_m``
     rows that see them, Q and dO through ``stages`` buffers. FlashAttention-3's tile at
-    d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed)."""
+    d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed). (Its d = 64
+    tile, 128 x 128, does not fit the registers here: ptxas serializes the WGMMAs.)"""
 
     head_dim: int = 128
     causal: bool = False
@@ -274,8 +275,16 @@ class BackwardConfig:
     def registers(self) -> tuple[int, int]:
         return BACKWARD_REGISTERS[self.load]
 
+    @property
+    def dq_box_rows(self) -> int:
+        """Rows of 256 fp32 in one consumer warpgroup's fragment-ordered dQ (its block_m x
+        d / 2 half): the TMA reduction's box."""
+        return self.block_m * self.head_dim // 2 // 256
+
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """K, V (block_n x d), Q and dO stages (block_m x d each), two dS buffers."""
+        """K, V (block_n x d), Q and dO stages (block_m x d each), two dS buffers, the fp32
+        dQ staging (block_m x d) and the LSE and D stages."""
         d = self.head_dim
-        return elem_bytes * (2 * self.block_n * d + 2 * self.stages * self.block_m * d
-                             + 2 * self.block_m * self.block_n)
+        return (elem_bytes * (2 * self.block_n * d + 2 * self.stages * self.block_m * d
+                              + 2 * self.block_m * self.block_n)
+                + 4 * self.block_m * d + 2 * 4 * self.stages * self.block_m)
