@@ -42,14 +42,13 @@ def test_backward_ptx(d, load):
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_ptxas(causal, load):
-    """No WGMMA serialized (C7512 / C7520); spills bounded (d = 128 spills 48-60 bytes with
-    the TMA producer, 212-276 with cp.async's: the five GEMMs' operands and accumulators at
-    the 240-register edge)."""
+    """No WGMMA serialized (C7512 / C7520); no spills with the TMA producer at d = 128, and
+    at most 240 bytes with cp.async's (212 measured)."""
     log = build.ptxas_log(build.compile_attention_backward(
         BackwardConfig(head_dim=128, causal=causal, load=load)).ptx)
     assert "serialized" not in log
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
-    assert spills and max(spills) <= 320, log
+    assert spills and max(spills) <= (0 if load == "tma" else 240), log
 
 
 def test_backward_config_rules():
