@@ -129,3 +129,22 @@ def test_deterministic_mode_repeats_its_bits():
     loose = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
     for a, b in zip(first, loose, strict=True):
         assert (a.float() - b.float()).abs().max() <= 0.01 * b.float().abs().max()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_postprocess_is_its_reference(d):
+    """The dQ conversion kernel (``DqPostprocess``) puts a random fragment-ordered
+    accumulator where ``dq_from_fragments`` (torch, checked against CuTe's partition on the
+    CPU) does, scaled, rows past s_q dropped; a poisoned output keeps no NaN."""
+    import torch
+
+    from cutetma.backward import _dq_postprocess, dq_from_fragments
+
+    b, s_q, h = 2, 333, 3
+    acc = torch.randn(b * h * -(-s_q // 64) * 64 * d, device="cuda")
+    q = torch.empty(b, s_q, h, d, device="cuda", dtype=torch.bfloat16)
+    ours = _dq_postprocess(acc, q, 0.3, 64)
+    want = dq_from_fragments(acc, b, s_q, h, d, torch.bfloat16, 0.3)
+    torch.cuda.synchronize()
+    assert not ours.isnan().any()
+    assert torch.equal(ours, want)

@@ -65,8 +65,20 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     if h != h_kv:  # a K/V head's gradient is the sum over the query heads that read it
         dk = dk.view(b, s_k, h_kv, h // h_kv, d).sum(3)
         dv = dv.view(b, s_k, h_kv, h // h_kv, d).sum(3)
-    return (dq_from_fragments(dq, b, s_q, h, d, q.dtype, scale, cfg.block_m), dk.to(k.dtype),
-            dv.to(v.dtype))
+    return _dq_postprocess(dq, q, scale, cfg.block_m), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _dq_postprocess(acc: torch.Tensor, q: torch.Tensor, scale: float,
+                    block_m: int) -> torch.Tensor:
+    """dQ (q's shape and dtype) from the fragment-ordered accumulator by ``DqPostprocess``
+    (``dq_from_fragments`` is the same in torch: the reference the tests hold it to)."""
+    b, s_q, h, d = q.shape
+    dq = torch.empty(b, s_q, h, d, device=q.device, dtype=q.dtype)
+    launch = runtime.dq_postprocess_launch(q.dtype, d, block_m)
+    launch((acc.data_ptr(), dq.data_ptr(), b, s_q, h)
+           + tuple(dq.stride(i) for i in (1, 2, 0))
+           + (scale, torch.cuda.current_stream(q.device).cuda_stream))
+    return dq
 
 
 def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
@@ -79,7 +91,8 @@ def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
     query 64 i + 16 warp + 8 e1 + r and column w d/2 + 8 j + 2 c + e0. Each thread's chunk
     lies next to its neighbours' (16-byte shared stores without bank conflicts, one TMA
     reduction per warpgroup); this one pass puts the values back in place and applies the
-    softmax scale."""
+    softmax scale. The backward runs the same as a kernel (``DqPostprocess``); this is its
+    reference."""
     blocks, m64 = acc.numel() // (b * h * block_m * d), block_m // 64
     frag = acc.view(b, h, blocks, 2, m64, d // 16, 4, 8, 4, 2, 2)
     out = torch.empty(b, blocks * block_m, h, d, device=acc.device, dtype=dtype)

@@ -20,7 +20,8 @@ _NAMES = {
     "paged_attention_launch": "launch",
     "combine_launch": "launch", "attention_backward_launch": "launch",
     "BackwardLaunch": "launch", "backward_preprocess_launch": "launch",
-    "PreprocessLaunch": "launch",
+    "PreprocessLaunch": "launch", "PostprocessLaunch": "launch",
+    "dq_postprocess_launch": "launch",
     "scaled_gemm_launch": "launch",
     "split_workspace": "workspace",
 }

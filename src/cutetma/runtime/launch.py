@@ -146,6 +146,14 @@ class PreprocessLaunch(PointerLaunch):
              + (ctypes.c_void_p,))
 
 
+class PostprocessLaunch(PointerLaunch):
+    """``DqPostprocess.from_pointers``: the accumulator, dQ; batch, s_q, heads; dQ's (seq,
+    head, batch) strides; the scale; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 2 + (ctypes.c_int32,) * 3 + (ctypes.c_int64,) * 3
+             + (ctypes.c_float, ctypes.c_void_p))
+
+
 class CombineLaunch(PointerLaunch):
     """``SplitCombine.from_pointers``: O and LSE partials, O, LSE; batch, s_q, heads,
     splits; O's (seq, head, batch) strides; the stream."""
@@ -330,6 +338,34 @@ def backward_preprocess_launch(dtype: torch.dtype, head_dim: int,
              "args": cache.describe_args(*args)}, compile_it))
 
     return cached(("backward_preprocess", dtype, head_dim, block_m), build)
+
+
+def dq_postprocess_launch(dtype: torch.dtype, head_dim: int,
+                          block_m: int = 64) -> PostprocessLaunch:
+    """dQ's conversion from the backward's fragment-ordered accumulator (``DqPostprocess``)
+    into ``dtype``, compiled on its first use."""
+
+    def build():
+        from cutetma import dsl
+
+        cutlass, cute = dsl.cutlass()
+        from cutlass.cute.runtime import make_fake_stream
+
+        from cutetma.runtime import cache
+
+        def compile_it():
+            from cutetma.kernels.attention.preprocess import DqPostprocess
+
+            return cute.compile(DqPostprocess(head_dim, block_m).from_pointers, *args)
+
+        args = (typed_pointer(torch.float32), typed_pointer(dtype, 4), *(1,) * 6,
+                cutlass.Float32(1.0), make_fake_stream())
+        return PostprocessLaunch(cache.load_or_compile(
+            {"entry": "DqPostprocess.from_pointers",
+             "config": f"head_dim={head_dim},block_m={block_m}",
+             "args": cache.describe_args(*args)}, compile_it))
+
+    return cached(("dq_postprocess", dtype, head_dim, block_m), build)
 
 
 def attention_backward_launch(dtype: torch.dtype, cfg,

@@ -318,6 +318,7 @@ def _launch(entry: Entry) -> None:
     if entry.op == "backward":
         launch.attention_backward_launch(dtype, entry.cfg)  # dK, dV in the inputs' dtype
         launch.backward_preprocess_launch(dtype, entry.cfg.head_dim, entry.cfg.block_m)
+        launch.dq_postprocess_launch(dtype, entry.cfg.head_dim, entry.cfg.block_m)
         return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)

@@ -86,3 +86,64 @@ class BackwardPreprocess:
                 mLSE2[q, head, batch] = cutlass.select_(finite, lse * LOG2_E,
                                                         cutlass.Float32.inf)
                 mD[q, head, batch] = cutlass.select_(inside, total, cutlass.Float32(0.0))
+
+
+class DqPostprocess:
+    """dQ from the backward's fp32 accumulator, which holds each (batch, head, query block) in
+    the dQ MMA's fragment order (``cutetma.backward.dq_from_fragments`` spells the order out
+    and is this kernel's reference): one CTA of 256 threads per (query block, head, batch),
+    thread t of the two consumer warpgroups reading its own 16-byte chunks (neighbouring
+    threads, neighbouring chunks: whole lines), scaling them and storing each (row, column
+    pair) of dQ in the output's dtype. (The same in torch, one permuted copy, read the
+    accumulator 8 bytes at a time across 16-byte strides.)"""
+
+    def __init__(self, head_dim: int, block_m: int = 64):
+        self.head_dim = head_dim
+        self.block_m = block_m
+
+    @cute.jit
+    def from_pointers(self, pAcc: cute.Pointer, pdQ: cute.Pointer, batch: cutlass.Int32,
+                      seqlen_q: cutlass.Int32, heads: cutlass.Int32, q_s: cutlass.Int64,
+                      q_h: cutlass.Int64, q_b: cutlass.Int64, scale: cutlass.Float32,
+                      stream: cuda.CUstream):
+        """``pAcc``: the accumulator, (b, h, query blocks, block_m x d) fp32 contiguous;
+        ``pdQ``: dQ (b, s_q, h, d) with (seq, head, batch) strides ``q_s, q_h, q_b``."""
+        d = self.head_dim
+        blocks = (seqlen_q + self.block_m - 1) // self.block_m
+        per_block = self.block_m * d
+        acc = cute.make_tensor(pAcc, cute.make_layout(
+            (per_block, blocks, heads, batch),
+            stride=(1, per_block, cute.assume(cutlass.Int64(blocks) * per_block, divby=per_block),
+                    cute.assume(cutlass.Int64(blocks) * per_block * cutlass.Int64(heads),
+                                divby=per_block))))
+        q_s, q_h, q_b = (cute.assume(x, divby=2) for x in (q_s, q_h, q_b))
+        dq = cute.make_tensor(pdQ, cute.make_layout((d, seqlen_q, heads, batch),
+                                                    stride=(1, q_s, q_h, q_b)))
+        self.kernel(acc, dq, scale).launch(grid=(blocks, heads, batch),
+                                           block=(2 * THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: cutlass.Float32):
+        block, head, batch = cute.arch.block_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        d = self.head_dim
+        seqlen_q = mdQ.shape[1]
+        wg, t = tidx // THREADS, tidx % THREADS
+        warp, r, c = t // 32, t % 32 // 4, t % 4
+        chunks_per_row = d // 16  # 4-value chunks per 64-row slab of a warpgroup's half
+        chunks = self.block_m // 64 * chunks_per_row
+        half = cute.local_tile(mAcc[(None, block, head, batch)],
+                               (chunks * THREADS * 4,), (wg,))
+        chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
+        pair = cute.make_rmem_tensor((2,), mdQ.element_type)
+        for k in cutlass.range_constexpr(chunks):
+            slab, j = k // chunks_per_row, k % chunks_per_row
+            cute.autovec_copy(cute.local_tile(half, (4,), (k * THREADS + t,)), chunk)
+            col = wg * (d // 2) + 8 * j + 2 * c
+            for e1 in cutlass.range_constexpr(2):
+                q = block * self.block_m + 64 * slab + 16 * warp + 8 * e1 + r
+                if q < seqlen_q:
+                    pair[0] = (chunk[2 * e1] * scale).to(mdQ.element_type)
+                    pair[1] = (chunk[2 * e1 + 1] * scale).to(mdQ.element_type)
+                    cute.autovec_copy(pair, cute.local_tile(mdQ[(None, q, head, batch)], (2,),
+                                                            (col // 2,)))
