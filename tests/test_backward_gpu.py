@@ -135,7 +135,7 @@ def test_deterministic_mode_repeats_its_bits():
 def test_dq_postprocess_is_its_reference(d):
     """The dQ conversion kernel (``DqPostprocess``) puts a random fragment-ordered
     accumulator where ``dq_from_fragments`` (torch, checked against CuTe's partition on the
-    CPU) does, scaled, rows past s_q dropped; a poisoned output keeps no NaN."""
+    CPU) does, scaled, every row below s_q written (the output starts as torch.empty)."""
     import torch
 
     from cutetma.backward import _dq_postprocess, dq_from_fragments
