@@ -289,7 +289,7 @@ def test_check_contents_names_the_bad_entry():
 
 
 def test_late_wait_computes_p_once_in_the_paged_causal_kernel():
-    """The candidate for ``tuning.attention.PAGED_PV_WAIT``: with the wait for P V behind the
+    """``tuning.attention.PAGED_PV_WAIT``'s choice: with the wait for P V behind the
     loop's back edge ("late") the paged causal kernel computes exp2 as often as the dense
     one (P once per key block); with "early" its PTX has more (P computed again after the
     wait: docs/perf-log.md)."""
@@ -303,4 +303,5 @@ def test_late_wait_computes_p_once_in_the_paged_causal_kernel():
     assert early.count("ex2.approx") > dense
     from cutetma.tuning import attention as attention_tuning
 
-    assert attention_tuning.paged_pv_wait(128, True) == ""  # not a default until timed
+    assert attention_tuning.paged_pv_wait(128, True) == "late"  # timed: docs/design.md
+    assert attention_tuning.paged_pv_wait(128, True, pack_gqa=True) == ""  # decode: not timed

@@ -269,7 +269,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
         splits = 1
     config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
                              pack_gqa=pack, split_kv=splits > 1, varlen_q=varlen,
-                             pv_wait=attention_tuning.paged_pv_wait(d, causal))
+                             pv_wait=attention_tuning.paged_pv_wait(d, causal, pack))
     plan = _PagedPlan(splits=splits, varlen=varlen)
     if q.numel() == 0 or page_table.shape[1] == 0 or b == 0:
         return plan

@@ -39,15 +39,17 @@ MAX_SPLITS = 64
 
 
 # where the paged kernel waits for P V, per (head dim, causal), where it differs from the dense
-# kernel's ``PV_WAIT``: none yet. The candidate is "late" for causal pages at d <= 128, whose
-# "early" PTX computes P twice per key block (184 exp instructions against 130); ``benchmarks/
-# paged.py`` times it beside the default (``tma_late``) before it may become one
-PAGED_PV_WAIT: dict = {}
+# kernel's ``PV_WAIT``: "late" for causal pages at d = 128, whose "early" PTX computes P twice
+# per key block (184 exp instructions against 130). H200, b 4, s 4k, h 32 / 8, bf16, TMA:
+# 600 / 598 TFLOP/s at pages 16 / 64 against 422 / 469 "early" (dense: 610 / 621; FA4's paged
+# 528 / 550); ``benchmarks/paged.py`` times "early" beside it (``tma_early``)
+PAGED_PV_WAIT: dict = {(128, True): "late"}
 
 
-def paged_pv_wait(head_dim: int, causal: bool) -> str:
-    """``AttentionConfig.pv_wait`` for the paged kernel ("": the head dim's ``PV_WAIT``)."""
-    return PAGED_PV_WAIT.get((head_dim, causal), "")
+def paged_pv_wait(head_dim: int, causal: bool, pack_gqa: bool = False) -> str:
+    """``AttentionConfig.pv_wait`` for the paged kernel ("": the head dim's ``PV_WAIT``).
+    Decode's packed tiles keep the dense kernel's choice: only unpacked prefill was timed."""
+    return "" if pack_gqa else PAGED_PV_WAIT.get((head_dim, causal), "")
 
 
 def paged_pack_gqa(seqlen_q: int, group: int) -> bool:
