@@ -102,10 +102,12 @@ def compiled() -> dict:
         ptx = build.compile_attention_backward(cfg).ptx
         shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx)
         counts = {s: shapes.count(s) for s in sorted(set(shapes))}
-        reductions = len(re.findall(r"red\.relaxed\.gpu\.global\.add\.v2\.f32", ptx))
+        reductions = len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d", ptx))
+        stmatrix = len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx))
         found[load] = (counts, reductions)
         print(f"{load:8s}: {counts} (S^T, dP^T: 8 steps of m64n64 each; dV, dK: 4 of "
-              f"m64n128; dQ: 8 of m64n64), {reductions} 8-byte fp32 reductions of dQ a thread; "
+              f"m64n128; dQ: 8 of m64n64); dS out by {stmatrix} transposed stmatrix, dQ by "
+              f"{reductions} TMA reduction (a warpgroup's half, staged in fragment order); "
               f"shared memory {cfg.smem_bytes() // 1024} KiB")
     return found
 
