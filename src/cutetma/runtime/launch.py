@@ -174,29 +174,48 @@ def typed_pointer(dtype: torch.dtype, align: int = 16):
                     assumed_align=align)
 
 
+def _dsl():
+    """The DSL's ``cutlass`` module and a fake stream, to type a compile's arguments."""
+    from cutetma import dsl
+
+    cutlass, _ = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
+    return cutlass, make_fake_stream()
+
+
+def _compiled(launch_cls, module: str, entry: str, made_with: tuple, config: str, args):
+    """``launch_cls`` around ``entry`` ("Class.method" of ``module``'s class, made with
+    ``made_with``) compiled for ``args``: from the disk cache under (entry, ``config``, the
+    arguments' types), or compiled and stored there (the kernel module is imported only on a
+    miss)."""
+    import importlib
+
+    from cutetma import dsl
+    from cutetma.runtime import cache
+
+    _, cute = dsl.cutlass()
+    class_name, method = entry.split(".")
+
+    def compile_it():
+        kernel = getattr(importlib.import_module(module), class_name)(*made_with)
+        return cute.compile(getattr(kernel, method), *args)
+
+    return launch_cls(cache.load_or_compile(
+        {"entry": entry, "config": config, "args": cache.describe_args(*args)}, compile_it))
+
+
 def gemm_launch(ab_dtype, c_dtype, b_k_major: bool, cfg, clusters: int, workspace=()):
     """The ``GemmLaunch`` of this configuration, compiled on its first use: one kernel per
     (dtypes, B's major, configuration, cluster count); sizes and strides are runtime
     values, so a new shape does not recompile."""
 
     def build():
-        from cutetma import dsl
-
-        _, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():  # the kernel module is imported only on a miss
-            from cutetma.kernels.gemm_sm90 import HopperGemm
-
-            return cute.compile(HopperGemm(cfg).from_pointers, *args)
-
+        _, stream = _dsl()
         args = (typed_pointer(ab_dtype), typed_pointer(ab_dtype), typed_pointer(c_dtype),
-                1, 1, 1, 1, 1, 1, 1, b_k_major, clusters, make_fake_stream(), *workspace)
-        return GemmLaunch(cache.load_or_compile(
-            {"entry": "HopperGemm.from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)}, compile_it))
+                1, 1, 1, 1, 1, 1, 1, b_k_major, clusters, stream, *workspace)
+        return _compiled(GemmLaunch, "cutetma.kernels.gemm_sm90", "HopperGemm.from_pointers",
+                         (cfg,), repr(cfg), args)
 
     return cached(("gemm", ab_dtype, c_dtype, b_k_major, cfg, clusters), build)
 
@@ -206,25 +225,13 @@ def scaled_gemm_launch(c_dtype, cfg, clusters: int, workspace=()):
     compiled on its first use."""
 
     def build():
-        from cutetma import dsl
-
-        _, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.gemm_sm90 import HopperGemm
-
-            return cute.compile(HopperGemm(cfg).scaled_from_pointers, *args)
-
+        _, stream = _dsl()
         fp8 = typed_pointer(torch.float8_e4m3fn)
         args = (fp8, fp8, typed_pointer(c_dtype), typed_pointer(torch.float32, 4),
-                typed_pointer(torch.float32, 4), 1, 1, 1, 1, 1, 1, 1, clusters,
-                make_fake_stream(), *workspace)
-        return ScaledGemmLaunch(cache.load_or_compile(
-            {"entry": "HopperGemm.scaled_from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)}, compile_it))
+                typed_pointer(torch.float32, 4), 1, 1, 1, 1, 1, 1, 1, clusters, stream,
+                *workspace)
+        return _compiled(ScaledGemmLaunch, "cutetma.kernels.gemm_sm90",
+                         "HopperGemm.scaled_from_pointers", (cfg,), repr(cfg), args)
 
     return cached(("scaled_gemm", c_dtype, cfg, clusters), build)
 
@@ -234,23 +241,11 @@ def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
     (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values."""
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():  # the kernel module is imported only on a miss
-            from cutetma.kernels.attention import FlashAttentionSm90
-
-            return cute.compile(FlashAttentionSm90(cfg).from_pointers, *args)
-
+        cutlass, stream = _dsl()
         args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
-                *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream())
-        return AttentionLaunch(cache.load_or_compile(
-            {"entry": "FlashAttentionSm90.from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)}, compile_it))
+                *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), stream)
+        return _compiled(AttentionLaunch, "cutetma.kernels.attention",
+                         "FlashAttentionSm90.from_pointers", (cfg,), repr(cfg), args)
 
     return cached(("attention", dtype, cfg), build)
 
@@ -260,26 +255,14 @@ def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:
     configuration's), compiled on its first use; sizes and strides are runtime values."""
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.attention import FlashAttentionSm90
-
-            return cute.compile(FlashAttentionSm90(cfg).paged_from_pointers, *args)
-
+        cutlass, stream = _dsl()
         out = typed_pointer(torch.float32 if cfg.split_kv else dtype)  # split: fp32 partials
         args = (*[typed_pointer(dtype) for _ in range(3)], out, typed_pointer(torch.float32, 4),
                 typed_pointer(torch.int32, 4), typed_pointer(torch.int32, 4),
                 *(1,) * 20, cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1),
-                typed_pointer(torch.int32, 4), cutlass.Int32(1), make_fake_stream())
-        return PagedAttentionLaunch(cache.load_or_compile(
-            {"entry": "FlashAttentionSm90.paged_from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)}, compile_it))
+                typed_pointer(torch.int32, 4), cutlass.Int32(1), stream)
+        return _compiled(PagedAttentionLaunch, "cutetma.kernels.attention",
+                         "FlashAttentionSm90.paged_from_pointers", (cfg,), repr(cfg), args)
 
     return cached(("paged_attention", dtype, cfg), build)
 
@@ -289,24 +272,12 @@ def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
     head dim, compiled on its first use."""
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.attention.combine import SplitCombine
-
-            return cute.compile(SplitCombine(head_dim).from_pointers, *args)
-
+        _, stream = _dsl()
         args = (typed_pointer(torch.float32), typed_pointer(torch.float32, 4),
-                typed_pointer(dtype), typed_pointer(torch.float32, 4), *(1,) * 7,
-                make_fake_stream())
-        return CombineLaunch(cache.load_or_compile(
-            {"entry": "SplitCombine.from_pointers", "config": f"head_dim={head_dim}",
-             "args": cache.describe_args(*args)}, compile_it))
+                typed_pointer(dtype), typed_pointer(torch.float32, 4), *(1,) * 7, stream)
+        return _compiled(CombineLaunch, "cutetma.kernels.attention.combine",
+                         "SplitCombine.from_pointers", (head_dim,), f"head_dim={head_dim}",
+                         args)
 
     return cached(("split_combine", dtype, head_dim), build)
 
@@ -317,25 +288,12 @@ def backward_preprocess_launch(dtype: torch.dtype, head_dim: int,
     this head dim and the backward's query block, compiled on its first use."""
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.attention.preprocess import BackwardPreprocess
-
-            return cute.compile(BackwardPreprocess(head_dim, block_m).from_pointers, *args)
-
+        _, stream = _dsl()
         args = (typed_pointer(dtype), typed_pointer(dtype),
-                *[typed_pointer(torch.float32, 4) for _ in range(3)], *(1,) * 9,
-                make_fake_stream())
-        return PreprocessLaunch(cache.load_or_compile(
-            {"entry": "BackwardPreprocess.from_pointers",
-             "config": f"head_dim={head_dim},block_m={block_m}",
-             "args": cache.describe_args(*args)}, compile_it))
+                *[typed_pointer(torch.float32, 4) for _ in range(3)], *(1,) * 9, stream)
+        return _compiled(PreprocessLaunch, "cutetma.kernels.attention.preprocess",
+                         "BackwardPreprocess.from_pointers", (head_dim, block_m),
+                         f"head_dim={head_dim},block_m={block_m}", args)
 
     return cached(("backward_preprocess", dtype, head_dim, block_m), build)
 
@@ -346,24 +304,12 @@ def dq_postprocess_launch(dtype: torch.dtype, head_dim: int,
     into ``dtype``, compiled on its first use."""
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.attention.preprocess import DqPostprocess
-
-            return cute.compile(DqPostprocess(head_dim, block_m).from_pointers, *args)
-
+        cutlass, stream = _dsl()
         args = (typed_pointer(torch.float32), typed_pointer(dtype, 4), *(1,) * 6,
-                cutlass.Float32(1.0), make_fake_stream())
-        return PostprocessLaunch(cache.load_or_compile(
-            {"entry": "DqPostprocess.from_pointers",
-             "config": f"head_dim={head_dim},block_m={block_m}",
-             "args": cache.describe_args(*args)}, compile_it))
+                cutlass.Float32(1.0), stream)
+        return _compiled(PostprocessLaunch, "cutetma.kernels.attention.preprocess",
+                         "DqPostprocess.from_pointers", (head_dim, block_m),
+                         f"head_dim={head_dim},block_m={block_m}", args)
 
     return cached(("dq_postprocess", dtype, head_dim, block_m), build)
 
@@ -376,25 +322,12 @@ def attention_backward_launch(dtype: torch.dtype, cfg,
     grad_kv_dtype = grad_kv_dtype or dtype
 
     def build():
-        from cutetma import dsl
-
-        cutlass, cute = dsl.cutlass()
-        from cutlass.cute.runtime import make_fake_stream
-
-        from cutetma.runtime import cache
-
-        def compile_it():
-            from cutetma.kernels.attention.backward import FlashAttentionBackwardSm90
-
-            return cute.compile(FlashAttentionBackwardSm90(cfg).from_pointers, *args)
-
+        cutlass, stream = _dsl()
         args = (*[typed_pointer(dtype) for _ in range(4)],
                 *[typed_pointer(torch.float32, 16) for _ in range(3)],
                 *[typed_pointer(grad_kv_dtype, 16) for _ in range(2)],
-                typed_pointer(torch.int32, 4), *(1,) * 17,
-                cutlass.Float32(1.0), make_fake_stream())
-        return BackwardLaunch(cache.load_or_compile(
-            {"entry": "FlashAttentionBackwardSm90.from_pointers", "config": repr(cfg),
-             "args": cache.describe_args(*args)}, compile_it))
+                typed_pointer(torch.int32, 4), *(1,) * 17, cutlass.Float32(1.0), stream)
+        return _compiled(BackwardLaunch, "cutetma.kernels.attention.backward",
+                         "FlashAttentionBackwardSm90.from_pointers", (cfg,), repr(cfg), args)
 
     return cached(("attention_backward", dtype, cfg, grad_kv_dtype), build)
