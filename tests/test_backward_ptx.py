@@ -33,7 +33,12 @@ def test_backward_ptx(d, load):
     # Q, dO, K, V: 4D boxes; the LSE and D: one 3D box each
     if load == "tma":
         assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared", ptx)) == 2
-    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx))
+    # dK and dV (16-bit here) leave by TMA stores from the freed Q / dO stages, stmatrix in
+    tma_stores = re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared", ptx)
+    assert len(tma_stores) == 2 * d // 64
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared", ptx)) == 2 * d // 16
+    assert "st.global" not in ptx
     cp_async = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))
     assert (tma_loads > 0, cp_async > 0) == ((True, False) if load == "tma" else (False, True))
 

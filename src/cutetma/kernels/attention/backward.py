@@ -134,6 +134,16 @@ class FlashAttentionBackwardSm90:
         sStat_layout = cute.make_layout((bm, cfg.stages))
         tma_lse, mLSE_tma = tma.load_atom(mLSE, cute.make_layout(bm), (bm,))
         tma_d, mD_tma = tma.load_atom(mD, cute.make_layout(bm), (bm,))
+        # 16-bit dK and dV leave through the freed Q and dO stages (stage w: warpgroup w's 64
+        # keys) by TMA stores; fp32 ones (GQA's, summed on the host) from the registers. (The
+        # store atoms are built from Q's view where they go unused: an fp32 view has no
+        # 16-bit box.)
+        stores_kv = mdK.element_type == dtype
+        mdK_box, mdV_box = (aligned(x) for x in (mdK, mdV)) if stores_kv else (mQ, mQ)
+        tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sQ_layout, (None, None, 0)),
+                                         (bm, d))
+        tma_dv, mdV_tma = tma.store_atom(mdV_box, cute.slice_(sQ_layout, (None, None, 0)),
+                                         (bm, d))
 
         @cute.struct
         class Storage:
@@ -151,9 +161,10 @@ class FlashAttentionBackwardSm90:
         self.storage = Storage
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
         self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
-                    mdQ_tma, tma_lse, mLSE_tma, tma_d, mD_tma, mQ, mK, mV, mdO, mLSE, mD, mdK,
-                    mdV, mTurns, sdp_mma, dkv_mma, dq_mma, sK_layout, sQ_layout, sdS_layout,
-                    sdQ_layout, sStat_layout, softmax_scale).launch(
+                    mdQ_tma, tma_lse, mLSE_tma, tma_d, mD_tma, tma_dk, mdK_tma, tma_dv, mdV_tma,
+                    mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, mTurns, sdp_mma, dkv_mma, dq_mma,
+                    sK_layout, sQ_layout, sdS_layout, sdQ_layout, sStat_layout,
+                    softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -209,7 +220,9 @@ class FlashAttentionBackwardSm90:
                mdO_tma: cute.Tensor, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
                tma_v: cute.CopyAtom, mV_tma: cute.Tensor, tma_dq: cute.CopyAtom,
                mdQ_tma: cute.Tensor, tma_lse: cute.CopyAtom, mLSE_tma: cute.Tensor,
-               tma_d: cute.CopyAtom, mD_tma: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
+               tma_d: cute.CopyAtom, mD_tma: cute.Tensor, tma_dk: cute.CopyAtom,
+               mdK_tma: cute.Tensor, tma_dv: cute.CopyAtom, mdV_tma: cute.Tensor,
+               mQ: cute.Tensor, mK: cute.Tensor,
                mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
                mdK: cute.Tensor, mdV: cute.Tensor, mTurns: cute.Tensor,
                sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
@@ -269,7 +282,8 @@ class FlashAttentionBackwardSm90:
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK,
-                         mdV, mTurns, tile, softmax_scale)
+                         mdV, mTurns, tile, softmax_scale,
+                         (tma_dk, mdK_tma, tma_dv, mdV_tma))
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -382,7 +396,7 @@ class FlashAttentionBackwardSm90:
     # ------------------------------------------------------------------------ consumers
     @cute.jit
     def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK, mdV,
-                mTurns, tile, softmax_scale):
+                mTurns, tile, softmax_scale, kv_stores):
         """A consumer warpgroup: its 64 keys against every query block (the module
         docstring's loop), then its rows of dK and dV."""
         cfg = self.cfg
@@ -496,10 +510,14 @@ class FlashAttentionBackwardSm90:
             warpgroup.wait_group(0)  # dK has read Q's stage
             self.loader.consumer_release(pipe, read)
             read.advance()
+        if cutlass.const_expr(mdK.element_type == dtype):
+            self._store_kv_tma(acc_dk, acc_dv, dkv_mma, ctid, smem, kv_stores, ds_ready,
+                               dq_free, leader, tile, softmax_scale)
+        else:
+            self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
+                           softmax_scale)
         if leader:
-            tma.wait(0)  # the last reduction has read its buffer before the CTA leaves
-        self._store_kv(acc_dk, acc_dv, dkv_mma.get_slice(ctid), mdK, mdV, key0, tile,
-                       softmax_scale)
+            tma.wait(0)  # the last reduction and stores have read their buffers
 
     @staticmethod
     def _per_column(sX, tScS, cols, stage):
@@ -593,6 +611,39 @@ class FlashAttentionBackwardSm90:
             cute.autovec_copy(chunk, buf[(None, j * WARPGROUP + thread)])
         cute.arch.fence_view_async_shared()
         dq_free.arrive_and_wait()
+
+    @cute.jit
+    def _store_kv_tma(self, acc_dk, acc_dv, dkv_mma, ctid, smem, kv_stores, both, mine, leader,
+                      tile, softmax_scale):
+        """dK * scale and dV, 16-bit, through the freed Q and dO stages: once both warpgroups'
+        last GEMMs have read them (``both``), warpgroup w writes its 64 keys into stage w by
+        stmatrix, and its leading warp stores them with TMA (rows past s_k clipped)."""
+        tma_dk, mdK_tma, tma_dv, mdV_tma = kv_stores
+        cfg = self.cfg
+        dtype = smem.sQ.element_type
+        both.arrive_and_wait()
+        # the (block_n, d) C tile of dK / dV seen over the stages: key 64 w + r is row r of
+        # stage w (the transposed-view trick: a composition picks the coordinates)
+        rows, d = cfg.block_m, cfg.head_dim
+        over_stages = cute.make_layout(((rows, cfg.consumers), d), stride=((1, rows * d), rows))
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype), dkv_mma)
+        thr = r2s.get_slice(ctid)
+        wg = ctid // WARPGROUP
+        for acc, sX, scale in ((acc_dk, smem.sQ, softmax_scale), (acc_dv, smem.sdO, 1.0)):
+            out = cute.make_rmem_tensor(acc.layout, dtype)
+            out.store((acc.load() * scale).to(dtype))
+            cute.copy(r2s, thr.retile(out), thr.partition_D(cute.composition(sX, over_stages)))
+        cute.arch.fence_view_async_shared()  # generic writes, TMA reads
+        mine.arrive_and_wait()
+        if leader:  # a whole warp: the TMA copy elects its own lane
+            block = 2 * tile.n_block + wg  # this warpgroup's 64 keys
+            for atom, mX_tma, sX in ((tma_dk, mdK_tma, smem.sQ), (tma_dv, mdV_tma, smem.sdO)):
+                tXsX, tXgX = tma.partition(atom, sX, cute.local_tile(
+                    mX_tma[(None, None, tile.head, tile.batch)], (rows, d), (None, 0)),
+                    box_rank=2)
+                cute.copy(atom, tXsX[(None, wg)], tXgX[(None, block)])
+            tma.commit()
 
     @cute.jit
     def _store_kv(self, acc_dk, acc_dv, kv_thr, mdK, mdV, key0, tile, softmax_scale):
