@@ -261,7 +261,7 @@ class FlashAttentionBackwardSm90:
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
-        n_block, head, batch = cute.arch.block_idx()
+        n_block, head, batch = self._tile_of(cute.arch.block_idx(), cute.arch.grid_dim())
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         kv_head = head // (mQ.shape[2] // mK.shape[2])  # GQA: the query head's K/V head
         m_lo, m_hi = self._query_blocks(n_block, seqlen_q, seqlen_k)
@@ -284,6 +284,21 @@ class FlashAttentionBackwardSm90:
             self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK,
                          mdV, mTurns, tile, softmax_scale,
                          (tma_dk, mdK_tma, tma_dv, mdV_tma))
+
+    @cute.jit
+    def _tile_of(self, block, grid):
+        """(key block, head, batch) of this CTA. Causal: key blocks in the slowest order, so
+        the heaviest (key block 0 sees every query block) are launched first and the grid's
+        last CTAs are the lightest (a short tail); key block n - 1 still launches before n,
+        which the deterministic turns need. Otherwise the launch order, key blocks fastest
+        (CTAs resident together share Q and dO in L2)."""
+        n_block, head, batch = block
+        if cutlass.const_expr(self.cfg.causal):
+            pairs = grid[1] * grid[2]
+            linear = n_block + grid[0] * (head + grid[1] * batch)
+            n_block, rest = linear // pairs, linear % pairs
+            head, batch = rest % grid[1], rest // grid[1]
+        return n_block, head, batch
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -569,7 +584,7 @@ class FlashAttentionBackwardSm90:
         until every key block before this one has added both its halves: the key blocks that
         see query block m are 0 .. some last one (causal's first query block grows with the
         key block), so key block n's turn is count 2 n. Key block n - 1 was launched before n
-        (the grid's fastest mode), so it runs or has run: the wait ends."""
+        (``_tile_of``'s order), so it runs or has run: the wait ends."""
         if cute.arch.lane_idx() == 0:
             turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
                                                              + mTurns.shape[1] * tile.batch))
