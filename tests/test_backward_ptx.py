@@ -298,7 +298,8 @@ def test_preprocess_ptx(d):
 
     ptx = dsl.compile_ptx(BackwardPreprocess(d).from_pointers,
                           *(typed_pointer(torch.bfloat16),) * 2,
-                          *(typed_pointer(torch.float32, 4),) * 3, *(cutlass.Int32(1),) * 3,
+                          *(typed_pointer(torch.float32, 4),) * 3,
+                          typed_pointer(torch.float32), *(cutlass.Int32(1),) * 3,
                           *(cutlass.Int64(8),) * 6, make_fake_stream()).ptx
     assert len(re.findall(r"ld\.global[^\n]*\.v4", ptx)) == 2 * 64 // (128 // (d // 8))
     assert re.search(r"shfl\.sync\.bfly", ptx)

@@ -2,13 +2,14 @@
 the custom op behind ``cutetma.attention``'s autograd formula (registered in ``ops``, which
 imports this module when a gradient is first asked for).
 
-Given the forward's inputs, its output and LSE, and dO, it makes the LSE in log2 and
-D = rowsum(dO * O) (fp32, (b, h, s_q) padded to whole query blocks; D minus the LSE's own
-gradient where the LSE was used), zeroes an fp32 dQ accumulator (in the dQ MMA's fragment
-order: ``dq_from_fragments``), launches ``FlashAttentionBackwardSm90`` (one CTA per key
-block; dQ added into the accumulator, dK and dV written per query head, in k's dtype or,
-under GQA / MQA, in fp32) and converts: dQ to q's dtype, and under GQA dK and dV summed over
-each K/V head's group of query heads and converted to k's::
+Given the forward's inputs, its output and LSE, and dO, one preprocessing kernel makes the
+LSE in log2 and D = rowsum(dO * O) (fp32, (b, h, s_q) padded to whole query blocks; D minus
+the LSE's own gradient where the LSE was used) and zeroes an fp32 dQ accumulator (in the dQ
+MMA's fragment order: ``dq_from_fragments``); then ``FlashAttentionBackwardSm90`` runs (one
+CTA per key block; dQ added into the accumulator, dK and dV written per query head, in k's
+dtype or, under GQA / MQA, in fp32) and the conversions: dQ to q's dtype by
+``DqPostprocess``, and under GQA dK and dV summed over each K/V head's group of query heads
+and converted to k's::
 
     out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
@@ -45,10 +46,8 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                           else x.clone(memory_format=torch.contiguous_format)
                           for x in (q, k, v, dout, out))
     cfg = BackwardConfig(head_dim=d, causal=causal, load=load, deterministic=deterministic)
-    lse_log2, dsum = _statistics(dout, out, lse, dlse, cfg.block_m)
+    lse_log2, dsum, dq = _statistics(dout, out, lse, dlse, cfg.block_m)
     blocks = lse_log2.shape[-1] // cfg.block_m
-    dq = torch.zeros(b * h * blocks * cfg.block_m * d, device=q.device,
-                     dtype=torch.float32)  # in the kernel's fragment order
     # dK and dV in k's dtype straight from the kernel, or fp32 where GQA sums them after
     grad_kv_dtype = k.dtype if h == h_kv else torch.float32
     dk = torch.empty(b, s_k, h, d, device=q.device, dtype=grad_kv_dtype)
@@ -105,20 +104,22 @@ def _statistics(dout, out, lse, dlse, block_m: int) -> tuple:
     """The kernel's per-query inputs, (b, h, s_q padded to whole query blocks) fp32, from the
     preprocessing kernel (``BackwardPreprocess``): the LSE in log2 (+inf where a row saw no
     key, and in the padding: P = 0 there) and D = rowsum(dO * O) (0 in the padding), minus
-    the LSE's own gradient where the caller used the LSE."""
+    the LSE's own gradient where the caller used the LSE; and the dQ accumulator (in the
+    kernel's fragment order), which the same kernel zeroes."""
     b, s_q, h, d = out.shape
     padded = -(-s_q // block_m) * block_m
     lse_log2 = torch.empty(b, h, padded, device=out.device, dtype=torch.float32)
     dsum = torch.empty_like(lse_log2)
+    dq = torch.empty(b * h * padded * d, device=out.device, dtype=torch.float32)
     lse = lse.float().contiguous()
     launch = runtime.backward_preprocess_launch(out.dtype, d, block_m)
     launch((out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
-            lse_log2.data_ptr(), dsum.data_ptr(), b, s_q, h)
+            lse_log2.data_ptr(), dsum.data_ptr(), dq.data_ptr(), b, s_q, h)
            + tuple(x.stride(i) for x in (out, dout) for i in (1, 2, 0))
            + (torch.cuda.current_stream(out.device).cuda_stream,))
     if dlse is not None:
         dsum[..., :s_q] -= dlse.float()
-    return lse_log2, dsum
+    return lse_log2, dsum, dq
 
 
 def _check(dout, q, k, v, out, lse, dlse, load) -> None:

@@ -139,10 +139,11 @@ class BackwardLaunch(PointerLaunch):
 
 
 class PreprocessLaunch(PointerLaunch):
-    """``BackwardPreprocess.from_pointers``: O, dO, LSE, LSE (log2) and D outputs; batch,
-    s_q, heads; the (seq, head, batch) strides of O and dO; the stream."""
+    """``BackwardPreprocess.from_pointers``: O, dO, LSE, LSE (log2) and D outputs, the dQ
+    accumulator it zeroes; batch, s_q, heads; the (seq, head, batch) strides of O and dO; the
+    stream."""
 
-    SLOTS = ((ctypes.c_void_p,) * 5 + (ctypes.c_int32,) * 3 + (ctypes.c_int64,) * 6
+    SLOTS = ((ctypes.c_void_p,) * 6 + (ctypes.c_int32,) * 3 + (ctypes.c_int64,) * 6
              + (ctypes.c_void_p,))
 
 
@@ -290,7 +291,8 @@ def backward_preprocess_launch(dtype: torch.dtype, head_dim: int,
     def build():
         _, stream = _dsl()
         args = (typed_pointer(dtype), typed_pointer(dtype),
-                *[typed_pointer(torch.float32, 4) for _ in range(3)], *(1,) * 9, stream)
+                *[typed_pointer(torch.float32, 4) for _ in range(3)],
+                typed_pointer(torch.float32), *(1,) * 9, stream)
         return _compiled(PreprocessLaunch, "cutetma.kernels.attention.preprocess",
                          "BackwardPreprocess.from_pointers", (head_dim, block_m),
                          f"head_dim={head_dim},block_m={block_m}", args)

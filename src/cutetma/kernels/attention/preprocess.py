@@ -6,9 +6,11 @@ For each query row it writes D = rowsum(dO * O) in fp32 and the forward's LSE in
 padded to whole ``block_m``-query blocks), +inf and 0 in the padding: the backward then
 loads them with no bounds test. One CTA of 128 threads per (query block, head, batch);
 d / 8 threads share a row, each multiplying 16 bytes of O by dO's, and a shuffle reduction
-over those threads sums the row. (With torch ops the same pass made fp32 copies of O and dO:
-about a gigabyte of traffic at 16k tokens x 2048 columns, a quarter of the backward at
-s = 2k.) The torch face subtracts the LSE's own gradient from D where the LSE was used.
+over those threads sums the row. The same CTA zeroes its query block's slice of the dQ
+accumulator (in place of a separate memset). (With torch ops the same pass made fp32
+copies of O and dO: about a gigabyte of traffic at 16k tokens x 2048 columns, a quarter of
+the backward at s = 2k.) The torch face subtracts the LSE's own gradient from D where the
+LSE was used.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ class BackwardPreprocess:
 
     @cute.jit
     def from_pointers(self, pO: cute.Pointer, pdO: cute.Pointer, pLSE: cute.Pointer,
-                      pLSE2: cute.Pointer, pD: cute.Pointer, batch: cutlass.Int32,
+                      pLSE2: cute.Pointer, pD: cute.Pointer, pAcc: cute.Pointer,
+                      batch: cutlass.Int32,
                       seqlen_q: cutlass.Int32, heads: cutlass.Int32, o_s: cutlass.Int64,
                       o_h: cutlass.Int64, o_b: cutlass.Int64, do_s: cutlass.Int64,
                       do_h: cutlass.Int64, do_b: cutlass.Int64, stream: cuda.CUstream):
         """O and dO (b, s_q, h, d) with (seq, head, batch) strides (d contiguous, 16-byte
         aligned rows); the forward's LSE contiguous (b, h, s_q) fp32; the outputs ``pLSE2``
-        (log2) and ``pD`` contiguous (b, h, s_q padded) fp32."""
+        (log2) and ``pD`` contiguous (b, h, s_q padded) fp32; ``pAcc``: the backward's dQ
+        accumulator, (b, h, query blocks, block_m x d) fp32, zeroed here (a block a CTA)."""
         d = self.head_dim
 
         def rows(pointer, s, h, b):  # (b, s, h, d) -> (d, s, h, b)
@@ -50,14 +54,20 @@ class BackwardPreprocess:
                 (length, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
 
         blocks = (seqlen_q + self.block_m - 1) // self.block_m
+        per_block = self.block_m * d
+        acc = cute.make_tensor(pAcc, cute.make_layout(
+            (per_block, blocks, heads, batch),
+            stride=(1, per_block, cute.assume(cutlass.Int64(blocks) * per_block, divby=per_block),
+                    cute.assume(cutlass.Int64(blocks) * per_block * cutlass.Int64(heads),
+                                divby=per_block))))
         self.kernel(rows(pO, o_s, o_h, o_b), rows(pdO, do_s, do_h, do_b),
                     per_query(pLSE, seqlen_q), per_query(pLSE2, blocks * self.block_m),
-                    per_query(pD, blocks * self.block_m)).launch(
+                    per_query(pD, blocks * self.block_m), acc).launch(
             grid=(blocks, heads, batch), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mD: cute.Tensor):
+               mD: cute.Tensor, mAcc: cute.Tensor):
         block, head, batch = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
         seqlen_q = mO.shape[1]
@@ -86,6 +96,13 @@ class BackwardPreprocess:
                 mLSE2[q, head, batch] = cutlass.select_(finite, lse * LOG2_E,
                                                         cutlass.Float32.inf)
                 mD[q, head, batch] = cutlass.select_(inside, total, cutlass.Float32(0.0))
+        # this query block's slice of the dQ accumulator to zeros (one pass less than a
+        # memset of its own), 16 bytes a thread at a time
+        zeros = cute.make_rmem_tensor((4,), cutlass.Float32)
+        zeros.fill(0.0)
+        mine = mAcc[(None, block, head, batch)]
+        for i in cutlass.range_constexpr(self.block_m * self.head_dim // 4 // THREADS):
+            cute.autovec_copy(zeros, cute.local_tile(mine, (4,), (i * THREADS + tidx,)))
 
 
 class DqPostprocess:
