@@ -135,10 +135,11 @@ class FlashAttentionBackwardSm90:
         tma_lse, mLSE_tma = tma.load_atom(mLSE, cute.make_layout(bm), (bm,))
         tma_d, mD_tma = tma.load_atom(mD, cute.make_layout(bm), (bm,))
         # 16-bit dK and dV leave through the freed Q and dO stages (stage w: warpgroup w's 64
-        # keys) by TMA stores; fp32 ones (GQA's, summed on the host) from the registers. (The
+        # keys; one stage per warpgroup needed) by TMA stores; fp32 ones (GQA's, summed on
+        # the host) from the registers. (The
         # store atoms are built from Q's view where they go unused: an fp32 view has no
         # 16-bit box.)
-        stores_kv = mdK.element_type == dtype
+        stores_kv = mdK.element_type == dtype and cfg.stages >= cfg.consumers
         mdK_box, mdV_box = (aligned(x) for x in (mdK, mdV)) if stores_kv else (mQ, mQ)
         tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sQ_layout, (None, None, 0)),
                                          (bm, d))
@@ -525,7 +526,7 @@ class FlashAttentionBackwardSm90:
             warpgroup.wait_group(0)  # dK has read Q's stage
             self.loader.consumer_release(pipe, read)
             read.advance()
-        if cutlass.const_expr(mdK.element_type == dtype):
+        if cutlass.const_expr(mdK.element_type == dtype and cfg.stages >= cfg.consumers):
             self._store_kv_tma(acc_dk, acc_dv, dkv_mma, ctid, smem, kv_stores, ds_ready,
                                dq_free, leader, tile, softmax_scale)
         else:
