@@ -67,3 +67,52 @@ def test_transposed_v_in_key_order_keeps_the_product():
     assert torch.allclose(a @ vt.transpose(-1, -2), want, rtol=0, atol=1e-12)
     assert vt[..., keys >= s_k].abs().sum() == 0
     assert ops.transpose_v(v.to(torch.float8_e4m3fn), block_n).dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("d,causal", [(64, False), (128, False), (128, True), (256, True)])
+def test_fp8_attention_ptx(d, causal, load):
+    """The attention kernel with e4m3 operands: both GEMMs are e4m3 WGMMAs (k = 32 steps),
+    V is read K-major from V^T, P's conversion moves no value between threads (no shuffles
+    beyond the 16-bit kernel's row reductions), and ptxas neither spills nor serializes."""
+    import re
+    import shutil
+
+    from cutetma.kernels import build
+    from cutetma.kernels.attention.config import AttentionConfig
+
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, block_n=64 if d == 256 else 0)
+    ptx = build.compile_attention(cfg, "Float8E4M3FN").ptx
+    half = build.compile_attention(AttentionConfig(head_dim=d, causal=causal, load=load),
+                                   "BFloat16").ptx
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
+    assert set(shapes) == {str(cfg.block_n), str(d)} and "bf16" not in " ".join(shapes)
+    assert not re.search(r"wgmma[^\n]*bf16", ptx)
+    assert ptx.count("shfl.sync") == half.count("shfl.sync")
+    assert re.search(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert "serialized" not in log
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) == 0
+
+
+def test_attention_fp8_refuses_before_launch():
+    """Clear errors before any launch (the ones a CPU tensor reaches: the device is checked
+    right after the dtype): a 16-bit input, a 3D one, a CPU one; bad descales."""
+    import torch
+
+    import cutetma
+
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        cutetma.attention_fp8(q.to(torch.bfloat16), q, q)
+    with pytest.raises(ValueError, match="must be"):
+        cutetma.attention_fp8(q[0], q, q)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.attention_fp8(q, q, q)
+    from cutetma.fp8_attention import _descale
+
+    for bad in (0.0, -1.0, float("nan"), float("inf"), torch.ones(2)):
+        with pytest.raises(ValueError):
+            _descale("v_descale", bad)
+    assert _descale("q_descale", torch.tensor(0.5)) == 0.5
