@@ -67,7 +67,10 @@ def transpose_v(v, block_n: int):
     b, s_k, h_kv, d = v.shape
     padded = -(-s_k // block_n) * block_n
     index = torch.tensor([key_of_slot(p) for p in range(padded)], device=v.device)
-    out = torch.zeros(b, h_kv, d, padded, device=v.device, dtype=v.dtype)
+    # one-byte values move as bytes (torch's indexing kernels do not all take float8)
+    bytes_ = v.element_size() == 1
+    src = v.view(torch.uint8) if bytes_ else v
+    out = torch.zeros(b, h_kv, d, padded, device=v.device, dtype=src.dtype)
     keep = index < s_k
-    out[..., keep] = v.permute(0, 2, 3, 1)[..., index[keep]]
-    return out
+    out[..., keep] = src.permute(0, 2, 3, 1)[..., index[keep]]
+    return out.view(v.dtype) if bytes_ else out
