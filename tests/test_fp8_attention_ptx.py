@@ -116,3 +116,21 @@ def test_attention_fp8_refuses_before_launch():
         with pytest.raises(ValueError):
             _descale("v_descale", bad)
     assert _descale("q_descale", torch.tensor(0.5)) == 0.5
+
+
+def test_fp8_benchmark_summary():
+    """``benchmarks/attention_fp8.py``'s summary: FP8 over bf16 at s >= 4k only, and TMA
+    over cp.async."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention_fp8
+
+    rows = [dict(d=128, s=s, causal=False, tma=t, cp_async=c, bf16=b)
+            for s, t, c, b in ((2048, 100.0, 50.0, 100.0), (4096, 900.0, 600.0, 600.0),
+                               (8192, 800.0, 500.0, 500.0))]
+    summary = attention_fp8.summarize(rows)
+    assert summary["geomean_tma_over_bf16_s>=4k"] == pytest.approx((1.5 * 1.6) ** 0.5)
+    assert summary["min_tma_over_bf16_s>=4k"] == pytest.approx(1.5)
+    assert summary["median_tma_over_cp_async"] == pytest.approx(1.6)
