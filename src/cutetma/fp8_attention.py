@@ -34,12 +34,14 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
                   softmax_scale: float | None = None, q_descale: float = 1.0,
                   k_descale: float = 1.0, v_descale: float = 1.0,
                   out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False,
-                  load: str = "tma"):
+                  load: str = "tma", config=None):
     """FP8 attention forward. ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d), all
     ``torch.float8_e4m3fn``, h % h_kv == 0, d in {64, 128, 256}; causal masks bottom-right
     aligned. Descales: positive finite Python floats (or one-element tensors), one per tensor.
     Returns ``out`` (b, s_q, h, d) in ``out_dtype`` and, with ``return_lse``, the LSE
-    (b, h, s_q) fp32 of the descaled scores. ``load``: "tma" or "cp_async" (the producer)."""
+    (b, h, s_q) fp32 of the descaled scores. ``load``: "tma" or "cp_async" (the producer).
+    ``config``: an ``AttentionConfig`` to run as it is (its head dim and causal flag must
+    match, its key block whole 32-key steps; it overrides ``load``)."""
     from cutetma.kernels.attention import AttentionConfig
     from cutetma.kernels.attention.fp8_operands import transpose_v
 
@@ -62,7 +64,19 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     descales = [_descale(name, x) for name, x in (("q_descale", q_descale),
                                                   ("k_descale", k_descale),
                                                   ("v_descale", v_descale))]
-    gemm_tuning.check_load(load)
+    if config is None:
+        gemm_tuning.check_load(load)
+        # 8-bit stages hold twice the keys of 16-bit ones; at d = 256 the 16-bit tile's 80
+        # keys are not whole 32-key WGMMA steps, so 64
+        config = AttentionConfig(head_dim=d, causal=causal, load=load,
+                                 block_n=64 if d == 256 else 0)
+    elif not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+    elif (config.head_dim, config.causal) != (d, causal) or config.block_n % 32:
+        raise ValueError(f"config (head_dim={config.head_dim}, causal={config.causal}, "
+                         f"block_n={config.block_n}) does not fit this call (head_dim={d}, "
+                         f"causal={causal}, whole 32-key steps)")
+    cfg = config
     out = torch.empty(b, s_q, h, d, device=q.device, dtype=out_dtype)
     lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
     if q.numel() == 0 or s_k == 0:
@@ -71,9 +85,6 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         return (out, lse) if return_lse else out
     q, k = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
             for x in (q, k))
-    # 8-bit stages hold twice the keys of 16-bit ones; at d = 256 the 16-bit tile's 80 keys
-    # are not whole 32-key WGMMA steps, so 64
-    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, block_n=64 if d == 256 else 0)
     vt = transpose_v(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
     scale = (softmax_scale if softmax_scale is not None else d ** -0.5)
     scale *= descales[0] * descales[1]
