@@ -13,7 +13,7 @@ through gemm_ab.py), ``attention_bench`` (benchmarks/attention.py), ``paper_l2``
 (paper/fig6_l2.py, Nsight Compute), ``tutorials`` (every tutorial, one log),
 ``paged_bench`` (benchmarks/paged.py), ``fp8_bench`` (the FP8 GEMM cells), ``peers`` (the
 cells where FlashAttention-4 and QuACK led, both benchmarks), ``backward_bench``
-(benchmarks/attention_bwd.py). A one-line
+(benchmarks/attention_bwd.py), ``fp8_attention`` (benchmarks/attention_fp8.py). A one-line
 summary per step is printed last; logs and JSON go to $OUT (default ./gpu_out).
 
 Example: the GEMM GPU tests in four shards, then the GEMM grid::
@@ -251,6 +251,14 @@ def step_backward_bench(args):
                                                    + (["--quick"] if args.quick else [])))
 
 
+def step_fp8_attention(args):
+    """benchmarks/attention_fp8.py: FP8 attention against our bf16 kernel."""
+    import attention_fp8
+
+    return "fp8 attention rc=" + str(attention_fp8.main(["--out", str(OUT)]
+                                                       + (["--quick"] if args.quick else [])))
+
+
 def step_paper_l2(args):
     """Figure 6 (b): L2 read sectors through Nsight Compute (benchmarks/paper/fig6_l2.py)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
@@ -265,7 +273,7 @@ STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm
          "tutorials": step_tutorials, "attention_bench": step_attention_bench,
          "paper_l2": step_paper_l2, "paged_bench": step_paged_bench,
          "fp8_bench": step_fp8_bench, "peers": step_peers,
-         "backward_bench": step_backward_bench}
+         "backward_bench": step_backward_bench, "fp8_attention": step_fp8_attention}
 
 
 def main():

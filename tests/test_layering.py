@@ -24,7 +24,7 @@ LAYERS = [
     {"kernels"},
     {"tuning"},
     {"runtime"},
-    {"ops", "kvcache", "fp8", "backward", "checks"},
+    {"ops", "kvcache", "fp8", "fp8_attention", "backward", "checks"},
     {"hardware", "cli", "__main__"},  # "cli": the package cutetma.cli and its modules
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}

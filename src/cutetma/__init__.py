@@ -9,7 +9,8 @@ Layers (data flows down, nothing imports upward; ``tests/test_layering.py`` hold
     tuning                  problem -> config, on the host (the H200 wave and L2 models)
     runtime                 compile registry, prepared launches, workspaces, the GPC probe
     ops, kvcache, fp8,      the torch face: validate -> select -> launch (``checks``: the
-    backward, checks        operand checks they share)
+    fp8_attention,          operand checks they share)
+    backward, checks
     cli, hardware           the ``cutetma`` command and the model-vs-hardware check
 
 ``import cutetma`` is light (no torch, no DSL); the torch entry points load on first use.
@@ -30,6 +31,7 @@ _LAZY = {
     "gemm": "cutetma.ops", "attention": "cutetma.ops", "smem_image": "cutetma.ops",
     "tma_round_trip": "cutetma.ops", "attention_with_kvcache": "cutetma.kvcache",
     "scaled_gemm": "cutetma.fp8", "attention_backward": "cutetma.backward",
+    "attention_fp8": "cutetma.fp8_attention",
     "GemmConfig": "cutetma.kernels.gemm_config",
     "AttentionConfig": "cutetma.kernels.attention",
     "select_gemm_config": "cutetma.tuning.gemm",

@@ -12,16 +12,20 @@ import torch
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def check_operand(name: str, t, op: str, dims: int, layout: str = "") -> None:
-    """Refuse ``t`` (argument ``name`` of ``op``) unless it is a ``dims``-D fp16 / bf16 CUDA
-    tensor; ``layout`` names the expected dims in the message (e.g. "(batch, seqlen,
-    heads, head_dim)")."""
+def check_operand(name: str, t, op: str, dims: int, layout: str = "",
+                  dtypes: tuple | None = None) -> None:
+    """Refuse ``t`` (argument ``name`` of ``op``) unless it is a ``dims``-D CUDA tensor of
+    one of ``dtypes`` (default fp16 / bf16); ``layout`` names the expected dims in the
+    message (e.g. "(batch, seqlen, heads, head_dim)")."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != dims:
         raise ValueError(f"{name} must be {layout or f'{dims}D'}, got shape {tuple(t.shape)}")
-    if t.dtype not in HALF_DTYPES:
+    if dtypes is None and t.dtype not in HALF_DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}: {op} takes float16 or bfloat16")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}: {op} takes "
+                        + " or ".join(str(x).removeprefix("torch.") for x in dtypes))
     if t.device.type != "cuda":
         raise ValueError(f"{name} is on {t.device}: {op} needs CUDA tensors")
 

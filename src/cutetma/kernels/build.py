@@ -284,19 +284,28 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
 
     dtype = getattr(cutlass, dtype_name)
 
-    def qkv():
+    def qkv(element=dtype):
         if as_from_dlpack:
             shape = (cute.sym_int32(),) * 4
             stride = (cute.sym_int64(), 1, cute.sym_int64(), cute.sym_int64())
         else:
             shape = (cute.sym_int32(), cfg.head_dim, cute.sym_int32(), cute.sym_int32())
-            stride = (cute.sym_int64(divisibility=8), 1, cfg.head_dim,
-                      cute.sym_int64(divisibility=8))
+            stride = (cute.sym_int64(divisibility=16), 1, cfg.head_dim,
+                      cute.sym_int64(divisibility=16))
+        return make_fake_tensor(element, shape, stride, assumed_align=16)
+
+    def v_transposed():  # e4m3: V^T, keys contiguous (fp8_operands.transpose_v)
+        shape = (cute.sym_int32(), cfg.head_dim, cute.sym_int32(), cute.sym_int32())
+        stride = (1, cute.sym_int64(divisibility=16), cute.sym_int64(divisibility=16),
+                  cute.sym_int64(divisibility=16))
         return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
+    fp8 = dtype.width == 8
     lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,
                            (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
-    return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(), qkv(), qkv(), lse,
+    return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(),
+                           v_transposed() if fp8 else qkv(),
+                           qkv(cutlass.BFloat16 if fp8 else dtype), lse,
                            cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())
 
 

@@ -237,18 +237,23 @@ def scaled_gemm_launch(c_dtype, cfg, clusters: int, workspace=()):
     return cached(("scaled_gemm", c_dtype, cfg, clusters), build)
 
 
-def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
+def attention_launch(dtype: torch.dtype, cfg,
+                     out_dtype: torch.dtype | None = None) -> AttentionLaunch:
     """The ``AttentionLaunch`` of this (dtype, configuration), compiled on its first use
-    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values."""
+    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values. The
+    output is ``out_dtype`` (default ``dtype``; e4m3 inputs write bf16 or fp16)."""
+    out_dtype = out_dtype or dtype
 
     def build():
         cutlass, stream = _dsl()
-        args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
+        args = (*[typed_pointer(dtype) for _ in range(3)], typed_pointer(out_dtype),
+                typed_pointer(torch.float32, 4),
                 *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), stream)
         return _compiled(AttentionLaunch, "cutetma.kernels.attention",
                          "FlashAttentionSm90.from_pointers", (cfg,), repr(cfg), args)
 
-    return cached(("attention", dtype, cfg), build)
+    return cached(("attention", dtype, cfg) if out_dtype == dtype
+                  else ("attention", dtype, cfg, out_dtype), build)
 
 
 def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from cutetma import dsl
-from cutetma.kernels.attention import scheduler
+from cutetma.kernels.attention import fp8_operands, scheduler
 from cutetma.kernels.attention.config import WARPGROUP
 from cutetma.kernels.attention.epilogue import epilogue
 from cutetma.kernels.attention.masking import apply_mask
@@ -45,6 +45,9 @@ class Consumers:
             tOrV=pv_mma.make_fragment_B(pv_thr.partition_B(sV)),
             s_shape=qk_thr.partition_shape_C((cfg.block_m, cfg.block_n)),
             o_shape=pv_thr.partition_shape_C((cfg.block_m, cfg.head_dim)),
+            # e4m3: which S value each value of P's A fragment takes (fp8_operands)
+            p_order=(fp8_operands.p_from_accumulator(qk_mma, pv_mma, 64, cfg.block_n)
+                     if sV.element_type.width == 8 else None),
             row_in_block=wg * 64 + warp_in_wg * 16 + lane // 4, col_in_tile=(lane % 4) * 2)
         # set once, here: a field set inside a staged loop cannot be read after it
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -112,7 +115,8 @@ class Consumers:
         lo, hi = tile.lo, tile.hi
         tSrQ, tSrK, tOrV = frags.tSrQ, frags.tSrK, frags.tOrV
         col_in_tile = frags.col_in_tile
-        p_steps = cfg.block_n // 16
+        fp8 = dtype.width == 8
+        p_steps = cfg.block_n // (32 if fp8 else 16)
         row0 = m_block * cfg.block_m + frags.row_in_block
         read = self._ring(done)
         # the register tensors are made per tile: nothing in them lives from one tile to the
@@ -126,10 +130,17 @@ class Consumers:
         row_sum.fill(0.0)
         acc_s = cute.make_rmem_tensor(frags.s_shape, cutlass.Float32)
         correction = cute.make_rmem_tensor((2,), cutlass.Float32)  # O's rescale
-        # P, converted element by element, is the A operand of P V (see the docstring)
-        tOrP = cute.make_rmem_tensor(cute.make_layout(
-            ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), dtype)
-        tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+        # P, converted element by element, is the A operand of P V (see the docstring); in
+        # e4m3 its fragment holds 4 keys a register, its values taken from S in
+        # ``frags.p_order`` (fp8_operands: no value crosses threads)
+        if cutlass.const_expr(fp8):
+            tOrP = cute.make_rmem_tensor(cute.make_layout(
+                ((4, 2, 2), 1, p_steps), stride=((1, 4, 8), 0, 16)), dtype)
+            tOrP_as_s = tOrP
+        else:
+            tOrP = cute.make_rmem_tensor(cute.make_layout(
+                ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), dtype)
+            tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
         q_stage, q_phase = self._q_slot(local)
         cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
         if cutlass.const_expr(cfg.load == "cp_async" or cfg.gathers_q):
@@ -146,7 +157,7 @@ class Consumers:
                            prob.group)
                 online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                 rescale(acc_o, correction)
-                tOrP_as_s.store(acc_s.load().to(dtype))
+                self._to_p(acc_s, tOrP_as_s, frags.p_order)
                 self.loader.consumer_wait(pipe_v, read)
                 if j == hi - 1:
                     self._zero_v_tail(sV, read.index, seqlen_k - j * cfg.block_n)
@@ -189,7 +200,7 @@ class Consumers:
                     # softmax: left to itself the compiler sank it here for bf16 but not for
                     # fp16, two loop shapes for one source; this placement measured 1% faster
                     # at d = 128 in both dtypes)
-                    tOrP_as_s.store(acc_s.load().to(dtype))
+                    self._to_p(acc_s, tOrP_as_s, frags.p_order)
                     # S_j, while O takes j-1's rescale
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                     rescale(acc_o, correction)
@@ -217,7 +228,7 @@ class Consumers:
                     if hi - lo > 1:
                         self.loader.consumer_release(pipe_v, release)
                         release.advance()
-                tOrP_as_s.store(acc_s.load().to(dtype))
+                self._to_p(acc_s, tOrP_as_s, frags.p_order)
                 rescale(acc_o, correction)
                 self.loader.consumer_wait(pipe_v, release)
                 self._zero_v_tail(sV, release.index, seqlen_k - (hi - 1) * cfg.block_n)
@@ -233,6 +244,17 @@ class Consumers:
             out_batch = split  # the partial's batch mode is the split's; else 0
         epilogue(cfg, acc_o, row_max, row_sum, self._sequence_rows(mO, q_start),
                  self._sequence_rows(mLSE, q_start), head, out_batch, row0, rows, scale_log2)
+
+    @cute.jit
+    def _to_p(self, acc_s, tOrP, p_order):
+        """P (in acc_s, fp32) into its A fragment in the inputs' dtype: as it lies (16-bit:
+        ``tOrP`` is a view of it with acc_s's layout), or (e4m3) value i from S value
+        ``p_order[i]``."""
+        if cutlass.const_expr(p_order is None):
+            tOrP.store(acc_s.load().to(tOrP.element_type))
+        else:
+            for i in cutlass.range_constexpr(len(p_order)):
+                tOrP[i] = acc_s[p_order[i]].to(tOrP.element_type)
 
     @cute.jit
     def _zero_v_tail(self, sV, stage, keys):

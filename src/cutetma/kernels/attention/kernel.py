@@ -95,9 +95,15 @@ class FlashAttentionSm90(Producers, Consumers):
         qk_tiler = (64, cfg.block_n, cfg.head_dim)
         pv_tiler = (64, cfg.head_dim, cfg.block_n)
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        # e4m3: WGMMA reads 8-bit B operands K-major only, so V comes transposed, keys
+        # contiguous (V^T, in ``fp8_operands.KEY_ORDER``), and P V reads it as K is read
+        fp8 = dtype.width == 8
+        if cutlass.const_expr(fp8 and cfg.paged):
+            raise ValueError("FP8 attention reads V^T: paged caches are not built for it")
         qk_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32,
                                              (cfg.consumers, 1, 1), tiler_mn=qk_tiler[:2])
-        pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32,
+        pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major,
+                                             k_major if fp8 else mn_major, cutlass.Float32,
                                              (cfg.consumers, 1, 1), tiler_mn=pv_tiler[:2],
                                              a_source=warpgroup.OperandSource.RMEM)
         row_major = LayoutEnum.ROW_MAJOR
@@ -105,7 +111,7 @@ class FlashAttentionSm90(Producers, Consumers):
                                             dtype, cfg.q_stages)
         sK_layout = sm90.make_smem_layout_b(row_major, (cfg.block_m, cfg.block_n, cfg.head_dim),
                                             dtype, cfg.stages)
-        sV_layout = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR,
+        sV_layout = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR if fp8 else LayoutEnum.COL_MAJOR,
                                             (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
                                             cfg.stages)
         tma_q, mQ_tma = tma.load_atom(mQ_heads, cute.slice_(sQ_layout, (None, None, 0)),
@@ -179,9 +185,15 @@ class FlashAttentionSm90(Producers, Consumers):
         per_head = cutlass.Int64(seqlen_q)
         mLSE = cute.make_tensor(pLSE, cute.make_layout(
             (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
+        mV = view(pV, seqlen_k, heads_kv, v_s, v_h, v_b)
+        if cutlass.const_expr(pV.dtype.width == 8):
+            # e4m3: V^T (b, h_kv, d, keys in whole 32-key chunks), keys contiguous, ``v_s``
+            # d's stride (fp8_operands.transpose_v)
+            keys = (seqlen_k + 31) // 32 * 32
+            mV = cute.make_tensor(pV, cute.make_layout((keys, head_dim, heads_kv, batch),
+                                                       stride=(1, v_s, v_h, v_b)))
         self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
-             view(pV, seqlen_k, heads_kv, v_s, v_h, v_b), view(pO, seqlen_q, heads, o_s, o_h, o_b),
-             mLSE, softmax_scale, sm_count, stream)
+             mV, view(pO, seqlen_q, heads, o_s, o_h, o_b), mLSE, softmax_scale, sm_count, stream)
 
     @cute.jit
     def paged_from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,

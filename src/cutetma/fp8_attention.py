@@ -1,0 +1,111 @@
+"""The torch face of FP8 attention: ``attention_fp8`` (validate -> transpose V -> launch).
+
+e4m3 Q, K, V with per-tensor descale factors, as FlashAttention-3's FP8 call takes them:
+``softmax(dequant(q) dequant(k)^T * scale) dequant(v)`` in bf16 or fp16, where
+``dequant(x) = x * x_descale``::
+
+    out = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv)
+
+The kernel is the attention family's (``FlashAttentionSm90``) with 8-bit operands: S's
+descales fold into the softmax scale; P is rounded to e4m3 for P V (FlashAttention-3's
+choice: P <= 1 keeps e4m3's range); V goes in as V^T, keys contiguous, because WGMMA reads
+8-bit B operands K-major only, its keys in the order P's registers hold them
+(``kernels.attention.fp8_operands``: one copy of V here). V's descale multiplies the
+output afterwards (one more rounding of a 16-bit output). Dense K/V only: a paged cache
+would have to be kept transposed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cutetma import runtime
+from cutetma.checks import check_operand, tma_rows_aligned
+from cutetma.tuning import gemm as gemm_tuning
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128, 256)
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                  softmax_scale: float | None = None, q_descale: float = 1.0,
+                  k_descale: float = 1.0, v_descale: float = 1.0,
+                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False,
+                  load: str = "tma", config=None):
+    """FP8 attention forward. ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d), all
+    ``torch.float8_e4m3fn``, h % h_kv == 0, d in {64, 128, 256}; causal masks bottom-right
+    aligned. Descales: positive finite Python floats (or one-element tensors), one per tensor.
+    Returns ``out`` (b, s_q, h, d) in ``out_dtype`` and, with ``return_lse``, the LSE
+    (b, h, s_q) fp32 of the descaled scores. ``load``: "tma" or "cp_async" (the producer).
+    ``config``: an ``AttentionConfig`` to run as it is (its head dim and causal flag must
+    match, its key block whole 32-key steps; it overrides ``load``)."""
+    from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.attention.fp8_operands import transpose_v
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_operand(name, t, "attention_fp8", 4, "(batch, seqlen, heads, head_dim)",
+                      dtypes=(FP8,))
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k and v must be on one device")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype={out_dtype}: one of {OUT_DTYPES}")
+    b, s_q, h, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k and v must be (b={b}, s_k, h_kv, d={d}) alike, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    s_k, h_kv = k.shape[1], k.shape[2]
+    if h_kv == 0 or h % h_kv:
+        raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d}: supported are {HEAD_DIMS}")
+    descales = [_descale(name, x) for name, x in (("q_descale", q_descale),
+                                                  ("k_descale", k_descale),
+                                                  ("v_descale", v_descale))]
+    if config is None:
+        gemm_tuning.check_load(load)
+        # 8-bit stages hold twice the keys of 16-bit ones; at d = 256 the 16-bit tile's 80
+        # keys are not whole 32-key WGMMA steps, so 64
+        config = AttentionConfig(head_dim=d, causal=causal, load=load,
+                                 block_n=64 if d == 256 else 0)
+    elif not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+    elif (config.head_dim, config.causal) != (d, causal) or config.block_n % 32:
+        raise ValueError(f"config (head_dim={config.head_dim}, causal={config.causal}, "
+                         f"block_n={config.block_n}) does not fit this call (head_dim={d}, "
+                         f"causal={causal}, whole 32-key steps)")
+    cfg = config
+    out = torch.empty(b, s_q, h, d, device=q.device, dtype=out_dtype)
+    lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
+    if q.numel() == 0 or s_k == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+    q, k = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
+            for x in (q, k))
+    vt = transpose_v(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
+    scale = (softmax_scale if softmax_scale is not None else d ** -0.5)
+    scale *= descales[0] * descales[1]
+    strides = (*(q.stride(i) for i in (1, 2, 0)), *(k.stride(i) for i in (1, 2, 0)),
+               vt.stride(2), vt.stride(1), vt.stride(0), *(out.stride(i) for i in (1, 2, 0)))
+    launch = runtime.attention_launch(FP8, cfg, out_dtype)
+    launch((q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            b, s_q, s_k, h, h_kv, d, *strides, scale, runtime.sm_count(q.device.index),
+            torch.cuda.current_stream(q.device).cuda_stream))
+    if descales[2] != 1.0:
+        out.mul_(descales[2])
+    return (out, lse) if return_lse else out
+
+
+def _descale(name: str, x) -> float:
+    """A per-tensor descale as a Python float: positive and finite, or a clear error."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{name}: one value per tensor (per-tensor scaling), got "
+                             f"{tuple(x.shape)}")
+        x = x.item()
+    if not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name}={x!r}: a positive finite number")
+    return float(x)

@@ -1,0 +1,59 @@
+"""FP8 attention on the H200 (``cutetma.attention_fp8``): against the fp32 reference of the
+dequantised inputs, both producers, odd lengths, GQA, causal and not, d 64 / 128 / 256.
+
+The error budget, stated: P is rounded to e4m3 before P V (3 mantissa bits: each value
+within 2^-4 of itself, relatively), and the output to bf16; over a row the roundings
+average out, so the output's largest error stays within 5% of the output's largest
+magnitude, and its mean error within 1% of its mean magnitude. A key order that did not
+match P's registers, or a V^T read out of order, puts values under the wrong keys: errors
+of the outputs' own size, far outside it."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def quantized(shape, seed):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(*shape, device="cuda", generator=g)
+    scale = (x.abs().amax() / 448.0).item()  # e4m3's largest finite value
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def check(b, s_q, s_k, h, h_kv, d, causal, load="tma"):
+    import torch
+
+    import cutetma
+    from cutetma.reference import attention_ref
+
+    (q8, sq), (k8, sk), (v8, sv) = (quantized(shape, i) for i, shape in enumerate(
+        ((b, s_q, h, d), (b, s_k, h_kv, d), (b, s_k, h_kv, d))))
+    out, lse = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv,
+                                     causal=causal, load=load, return_lse=True)
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_ref(q8.float() * sq, k8.float() * sk, v8.float() * sv, causal)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h, d)
+    assert not out.isnan().any()
+    err = (out.float() - ref).abs()
+    assert err.max() <= 0.05 * ref.abs().max(), (err.max(), ref.abs().max())
+    assert err.mean() <= 0.01 * ref.abs().mean(), (err.mean(), ref.abs().mean())
+    finite = ref_lse.isfinite()
+    assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_square(d, causal, load):
+    check(2, 512, 512, 4, 4, d, causal, load)
+
+
+@pytest.mark.parametrize("s_q,s_k", [(333, 333), (100, 300), (1, 129), (77, 1)])
+def test_odd_lengths(s_q, s_k):
+    check(1, s_q, s_k, 4, 2, 128, True)
+
+
+def test_gqa():
+    check(2, 256, 384, 8, 2, 128, False, "cp_async")

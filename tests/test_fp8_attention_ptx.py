@@ -1,0 +1,136 @@
+"""FP8 attention's operand orders on the CPU (``kernels.attention.fp8_operands``): the key
+permutation that lets P's e4m3 A fragment be read where the fp32 accumulator left it,
+checked against CuTe's partitions of both tiled MMAs for every thread, and V^T built in the
+same order, so that the permuted product is the plain one."""
+
+import pytest
+
+from cutetma.kernels.attention import fp8_operands as ops
+
+
+def test_key_order_is_a_permutation_of_each_chunk():
+    assert sorted(ops.KEY_ORDER) == list(range(ops.CHUNK))
+    # FlashAttention-3's: A slots 4c .. 4c+3 hold keys 2c, 2c+1, 2c+8, 2c+9
+    assert ops.KEY_ORDER[:8] == (0, 1, 8, 9, 2, 3, 10, 11)
+    assert ops.KEY_ORDER[16:20] == (16, 17, 24, 25)
+
+
+def _orders(block_n):
+    from cutetma import dsl
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.cute.nvgpu import warpgroup
+
+    found = []
+
+    @cute.jit
+    def trace():
+        f8, k_major = cutlass.Float8E4M3FN, cute.nvgpu.OperandMajorMode.K
+        qk = sm90.make_trivial_tiled_mma(f8, f8, k_major, k_major, cutlass.Float32, (1, 1, 1),
+                                         tiler_mn=(64, block_n))
+        pv = sm90.make_trivial_tiled_mma(f8, f8, k_major, k_major, cutlass.Float32, (1, 1, 1),
+                                         tiler_mn=(64, 128),
+                                         a_source=warpgroup.OperandSource.RMEM)
+        found.append(ops.p_from_accumulator(qk, pv, 64, block_n))
+
+    trace()
+    return found[0]
+
+
+@pytest.mark.parametrize("block_n", [128, 192])
+def test_p_fragment_reads_the_accumulator_in_place(block_n):
+    """Every one of the 128 threads finds each A value among its own accumulator values
+    under the key order, with one index list for all (the kernel's conversion is then a
+    trace-time reordering inside each thread, no shuffles)."""
+    order = _orders(block_n)
+    assert sorted(order) == list(range(block_n // 2))
+    first = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]
+    assert order[:16] == first
+    assert order[16:32] == [i + 16 for i in first]
+
+
+def test_transposed_v_in_key_order_keeps_the_product():
+    """P V with P's columns renamed by the key order and V^T stored in it equals P V; keys
+    past s_k are zeros in V^T; e4m3 stays e4m3."""
+    import torch
+
+    b, s_k, h_kv, d, block_n = 2, 100, 3, 16, 64
+    v = torch.randn(b, s_k, h_kv, d, dtype=torch.float64)
+    p = torch.randn(b, h_kv, 5, s_k, dtype=torch.float64)
+    vt = ops.transpose_v(v, block_n)
+    assert vt.shape == (b, h_kv, d, 128)
+    keys = torch.tensor([ops.key_of_slot(s) for s in range(128)])
+    a = torch.zeros(b, h_kv, 5, 128, dtype=torch.float64)
+    a[..., keys < s_k] = p[..., keys[keys < s_k]]  # A's slot s holds P's key key_of_slot(s)
+    want = torch.einsum("bhqk,bkhd->bhqd", p, v)
+    assert torch.allclose(a @ vt.transpose(-1, -2), want, rtol=0, atol=1e-12)
+    assert vt[..., keys >= s_k].abs().sum() == 0
+    assert ops.transpose_v(v.to(torch.float8_e4m3fn), block_n).dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("d,causal", [(64, False), (128, False), (128, True), (256, True)])
+def test_fp8_attention_ptx(d, causal, load):
+    """The attention kernel with e4m3 operands: both GEMMs are e4m3 WGMMAs (k = 32 steps),
+    V is read K-major from V^T, P's conversion moves no value between threads (no shuffles
+    beyond the 16-bit kernel's row reductions), and ptxas neither spills nor serializes."""
+    import re
+    import shutil
+
+    from cutetma.kernels import build
+    from cutetma.kernels.attention.config import AttentionConfig
+
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, block_n=64 if d == 256 else 0)
+    ptx = build.compile_attention(cfg, "Float8E4M3FN").ptx
+    half = build.compile_attention(AttentionConfig(head_dim=d, causal=causal, load=load),
+                                   "BFloat16").ptx
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
+    assert set(shapes) == {str(cfg.block_n), str(d)} and "bf16" not in " ".join(shapes)
+    assert not re.search(r"wgmma[^\n]*bf16", ptx)
+    assert ptx.count("shfl.sync") == half.count("shfl.sync")
+    assert re.search(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert "serialized" not in log
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) == 0
+
+
+def test_attention_fp8_refuses_before_launch():
+    """Clear errors before any launch (the ones a CPU tensor reaches: the device is checked
+    right after the dtype): a 16-bit input, a 3D one, a CPU one; bad descales."""
+    import torch
+
+    import cutetma
+
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        cutetma.attention_fp8(q.to(torch.bfloat16), q, q)
+    with pytest.raises(ValueError, match="must be"):
+        cutetma.attention_fp8(q[0], q, q)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutetma.attention_fp8(q, q, q)
+    from cutetma.fp8_attention import _descale
+
+    for bad in (0.0, -1.0, float("nan"), float("inf"), torch.ones(2)):
+        with pytest.raises(ValueError):
+            _descale("v_descale", bad)
+    assert _descale("q_descale", torch.tensor(0.5)) == 0.5
+
+
+def test_fp8_benchmark_summary():
+    """``benchmarks/attention_fp8.py``'s summary: FP8 over bf16 at s >= 4k only, and TMA
+    over cp.async."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention_fp8
+
+    rows = [dict(d=128, s=s, causal=False, tma=t, cp_async=c, bf16=b)
+            for s, t, c, b in ((2048, 100.0, 50.0, 100.0), (4096, 900.0, 600.0, 600.0),
+                               (8192, 800.0, 500.0, 500.0))]
+    summary = attention_fp8.summarize(rows)
+    assert summary["geomean_tma_over_bf16_s>=4k"] == pytest.approx((1.5 * 1.6) ** 0.5)
+    assert summary["min_tma_over_bf16_s>=4k"] == pytest.approx(1.5)
+    assert summary["median_tma_over_cp_async"] == pytest.approx(1.6)
