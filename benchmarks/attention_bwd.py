@@ -23,18 +23,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds  # noqa: E402
+from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds, parse_custom  # noqa: E402
 from gemm import bench, progress  # noqa: E402
 
 HEAD_DIMS = (64, 128)  # the backward's (d = 256 is not built)
 
 
 def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS,
-            shape=None) -> dict:
+            shape=None, custom=()) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import cutetma
+    from cutetma.kernels.attention.config import BackwardConfig
 
     t = getattr(torch, dtype)
     b, h = shape or (TOKENS // s, 2048 // d)
@@ -75,6 +76,10 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
     for load in ("tma", "cp_async"):
         contenders.append((load, lambda load=load: lambda: cutetma.attention_backward(
             dout, q, k, v, out, lse, causal=causal, load=load)))
+    for name, fields in custom:  # candidate BackwardConfigs beside the defaults
+        config = BackwardConfig(head_dim=d, causal=causal, **fields)
+        contenders.append((name, lambda config=config: lambda: cutetma.attention_backward(
+            dout, q, k, v, out, lse, causal=causal, config=config)))
     for name, make in contenders:
         try:
             call = make()
@@ -137,14 +142,19 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
     ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    ap.add_argument("--causal-only", action="store_true")
+    ap.add_argument("--custom", nargs="*", type=parse_custom, default=[],
+                    help="NAME=field:value,..: a column of ours with those BackwardConfig "
+                         "fields, e.g. g1=heads_per_group:1")
     args = ap.parse_args(argv)
     from cutetma import results
 
     seqlens = [512, 2048, 8192] if args.quick else args.seqlens
-    todo = [(d, s, causal) for d in args.head_dims for s in seqlens for causal in (False, True)]
+    todo = [(d, s, causal) for d in args.head_dims for s in seqlens
+            for causal in ((True,) if args.causal_only else (False, True))]
     out, rows, t0 = Path(args.out), [], time.time()
     for d, s, causal in progress(todo, len(todo)):
-        rows.append(measure("bfloat16", d, s, causal, args.rounds))
+        rows.append(measure("bfloat16", d, s, causal, args.rounds, custom=args.custom))
         results.write("attention_bwd", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention_bwd", rows, out, extra_meta={

@@ -1,12 +1,13 @@
 """FP8 attention on the H200 (``cutetma.attention_fp8``): against the fp32 reference of the
 dequantised inputs, both producers, odd lengths, GQA, causal and not, d 64 / 128 / 256.
 
-The error budget, stated: P is rounded to e4m3 before P V (3 mantissa bits: each value
-within 2^-4 of itself, relatively), and the output to bf16; over a row the roundings
-average out, so the output's largest error stays within 5% of the output's largest
-magnitude, and its mean error within 1% of its mean magnitude. A key order that did not
-match P's registers, or a V^T read out of order, puts values under the wrong keys: errors
-of the outputs' own size, far outside it."""
+The error budget (flash-attention's rule): P is rounded to e4m3 before P V (3 mantissa
+bits), which costs about 2% of the output's mean magnitude on these inputs, so the yardstick is
+torch's result at that precision (``attention_ref(..., p_dtype=e4m3)``: P rounded after the
+final row max, where the kernel rounds after a running one). The kernel's error against the
+fp32 reference stays within twice the yardstick's, mean and largest, plus bf16's rounding of
+the output. A key order that did not match P's registers, or a V^T read out of order, puts
+values under the wrong keys: errors of the output's own size, far outside it."""
 
 import pytest
 
@@ -33,12 +34,16 @@ def check(b, s_q, s_k, h, h_kv, d, causal, load="tma"):
     out, lse = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv,
                                      causal=causal, load=load, return_lse=True)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_ref(q8.float() * sq, k8.float() * sk, v8.float() * sv, causal)
+    dq = (q8.float() * sq, k8.float() * sk, v8.float() * sv)
+    ref, ref_lse = attention_ref(*dq, causal)
+    same_dtype, _ = attention_ref(*dq, causal, p_dtype=torch.float8_e4m3fn)
     assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h, d)
     assert not out.isnan().any()
     err = (out.float() - ref).abs()
-    assert err.max() <= 0.05 * ref.abs().max(), (err.max(), ref.abs().max())
-    assert err.mean() <= 0.01 * ref.abs().mean(), (err.mean(), ref.abs().mean())
+    budget = (same_dtype - ref).abs()
+    bf16_ulp = 2.0 ** -8 * ref.abs()
+    assert err.max() <= 2 * budget.max() + bf16_ulp.max(), (err.max(), budget.max())
+    assert err.mean() <= 2 * budget.mean() + bf16_ulp.mean(), (err.mean(), budget.mean())
     finite = ref_lse.isfinite()
     assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
 

@@ -66,7 +66,11 @@ def test_transposed_v_in_key_order_keeps_the_product():
     want = torch.einsum("bhqk,bkhd->bhqd", p, v)
     assert torch.allclose(a @ vt.transpose(-1, -2), want, rtol=0, atol=1e-12)
     assert vt[..., keys >= s_k].abs().sum() == 0
-    assert ops.transpose_v(v.to(torch.float8_e4m3fn), block_n).dtype == torch.float8_e4m3fn
+    assert vt.stride(3) == 1  # keys contiguous: the kernel's K-major B operand
+    v8 = v.to(torch.float8_e4m3fn)
+    vt8 = ops.transpose_v(v8, block_n)
+    assert vt8.dtype == torch.float8_e4m3fn
+    assert torch.equal(vt8.double(), ops.transpose_v(v8.double(), block_n))
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])

@@ -19,6 +19,8 @@ Through autograd: ``cutetma.attention(q, k, v)`` with inputs that require grad.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from cutetma import runtime
@@ -30,11 +32,14 @@ from cutetma.tuning import gemm as gemm_tuning
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, *, causal: bool = False,
                        softmax_scale: float | None = None, load: str = "tma",
-                       dlse: torch.Tensor | None = None) -> tuple:
+                       dlse: torch.Tensor | None = None,
+                       config: BackwardConfig | None = None) -> tuple:
     """(dq, dk, dv) of ``cutetma.attention(q, k, v, causal=..., softmax_scale=...)`` at
     ``dout``, from its ``out`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32; ``dlse``: the
     gradient of the LSE where the caller used it (None: not used). ``load``: the producer
-    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}."""
+    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}. ``config``:
+    a ``BackwardConfig`` to run (its head dim and causal flag must match; it overrides
+    ``load``; its deterministic flag follows torch's deterministic mode)."""
     _check(dout, q, k, v, out, lse, dlse, load)
     b, s_q, h, d = q.shape
     s_k, h_kv = k.shape[1], k.shape[2]
@@ -45,7 +50,14 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     q, k, v, dout, out = (x if tma_rows_aligned(x)
                           else x.clone(memory_format=torch.contiguous_format)
                           for x in (q, k, v, dout, out))
-    cfg = BackwardConfig(head_dim=d, causal=causal, load=load, deterministic=deterministic)
+    if config is None:
+        config = BackwardConfig(head_dim=d, causal=causal, load=load)
+    elif not isinstance(config, BackwardConfig):
+        raise TypeError(f"config must be a BackwardConfig, got {type(config).__name__}")
+    elif (config.head_dim, config.causal) != (d, causal):
+        raise ValueError(f"config (head_dim={config.head_dim}, causal={config.causal}) does "
+                         f"not fit this call (head_dim={d}, causal={causal})")
+    cfg = dataclasses.replace(config, deterministic=deterministic)
     lse_log2, dsum, dq = _statistics(dout, out, lse, dlse, cfg.block_m)
     blocks = lse_log2.shape[-1] // cfg.block_m
     # dK and dV in k's dtype straight from the kernel, or fp32 where GQA sums them after

@@ -12,10 +12,14 @@ def gemm_ref(a, b, trans_b: bool = True):
     return a.float() @ b_nk.float().T
 
 
-def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None):
+def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None,
+                  p_dtype=None):
     """fp32 attention: q (b, s_q, h, d), k and v (b, s_k, h_kv, d); bottom-right causal
     alignment as FlashAttention. Returns (out, lse) with lse (b, h, s_q); a row with no key
-    gets output 0 and lse -inf."""
+    gets output 0 and lse -inf. ``p_dtype`` (say float8_e4m3fn): the unnormalised
+    probabilities exp(s - rowmax) are rounded to it before P V, the row sums kept in fp32,
+    as an FP8 kernel does: torch's result at the kernel's precision, the yardstick for its
+    error."""
     import torch
 
     b, s_q, h, d = q.shape
@@ -30,6 +34,10 @@ def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = N
         j = torch.arange(s_k, device=q.device)[None, :]
         s = s.masked_fill(j > i + s_k - s_q, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
+    if p_dtype is not None:
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        p = p.to(p_dtype).float() / p.sum(dim=-1, keepdim=True)
+        return (p.nan_to_num(0.0) @ vf).transpose(1, 2), lse
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no key: output 0
     return (p @ vf).transpose(1, 2), lse
 

@@ -288,17 +288,26 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def _tile_of(self, block, grid):
-        """(key block, head, batch) of this CTA. Causal: key blocks in the slowest order, so
-        the heaviest (key block 0 sees every query block) are launched first and the grid's
-        last CTAs are the lightest (a short tail); key block n - 1 still launches before n,
-        which the deterministic turns need. Otherwise the launch order, key blocks fastest
-        (CTAs resident together share Q and dO in L2)."""
+        """(key block, head, batch) of this CTA. Causal: the (head, batch) pairs in groups of
+        ``cfg.heads_per_group``, and in a group the key blocks in the slowest order, so the
+        heaviest (key block 0 sees every query block) launch first and the grid's last CTAs
+        are the lightest (a short tail), while the CTAs resident together still share a few
+        heads' Q and dO in L2; key block n - 1 still launches before n, which the
+        deterministic turns need. Otherwise the launch order, key blocks fastest (CTAs
+        resident together share Q and dO in L2)."""
         n_block, head, batch = block
-        if cutlass.const_expr(self.cfg.causal):
+        if cutlass.const_expr(self.cfg.causal and self.cfg.heads_per_group != 1):
             pairs = grid[1] * grid[2]
             linear = n_block + grid[0] * (head + grid[1] * batch)
-            n_block, rest = linear // pairs, linear % pairs
-            head, batch = rest % grid[1], rest // grid[1]
+            group = pairs
+            if cutlass.const_expr(self.cfg.heads_per_group > 1):
+                group = cutlass.Int32(self.cfg.heads_per_group)
+            first = linear // (group * grid[0]) * group  # this group's first pair
+            in_group = linear - first * grid[0]
+            size = cutlass.min(group, pairs - first)  # the last group may be short
+            n_block = in_group // size
+            pair = first + in_group % size
+            head, batch = pair % grid[1], pair // grid[1]
         return n_block, head, batch
 
     @cute.jit
