@@ -33,6 +33,7 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
     import torch
 
     import cutetma
+    from cutetma.kernels.attention.fp8_operands import transpose_v
 
     b, h = TOKENS // s, 2048 // d
     fp8 = []
@@ -58,7 +59,10 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
         try:
             if name != "bf16":
                 err = ((call().float() - want).abs().max() / want.abs().max()).item()
-                if not err < 5e-2:  # a contender that computes something else is not one
+                # e4m3's P costs ~2% mean, up to ~6% at the largest output on randn data
+                # (the GPU tests hold the kernel to torch's result at its precision); a
+                # contender that computes something else is off by the output's own size
+                if not err < 1e-1:
                     row[f"{name}_error"] = f"max rel. |out - bf16| = {err:.3g}"
                     continue
             timed[name] = [bench(call)]
@@ -68,6 +72,9 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
         for name in timed:
             timed[name].append(bench(calls[name]))
     row.update({name: flops / statistics.median(ms) / 1e9 for name, ms in timed.items()})
+    # the per-call V^T copy (``transpose_v``), inside the fp8 columns' times: its share
+    block_n = 64 if d == 256 else 128
+    row["v_transpose_ms"] = bench(lambda: transpose_v(v8, block_n))
     row["rounds"] = 1 + rounds
     return row
 

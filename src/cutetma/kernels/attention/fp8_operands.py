@@ -17,7 +17,6 @@ for all 128 while tracing); ``transpose_v`` builds V^T with its keys in that ord
 
 from __future__ import annotations
 
-import functools
 
 CHUNK = 32  # keys per k-step of an e4m3 WGMMA
 
@@ -63,26 +62,19 @@ def p_from_accumulator(qk_mma, pv_mma, block_m: int, block_n: int, threads: int 
 def transpose_v(v, block_n: int):
     """V (b, s_k, h_kv, d) as the FP8 kernel reads it: V^T, (b, h_kv, d, s_k padded to whole
     ``block_n`` blocks), keys contiguous, each 32-key chunk's columns in ``KEY_ORDER``, zeros
-    past s_k. One gather kernel after the padding; no host copy and no sync, so it runs
-    inside a CUDA graph capture."""
+    past s_k. ``KEY_ORDER`` only swaps two digits of a key's index within its chunk (slot
+    16 a + 4 b + 2 c + e holds key 16 a + 8 c + 2 b + e), so the whole reordering is one
+    permuted copy: no gather, no host copy, no sync (it runs inside a CUDA graph capture)."""
     import torch
 
     b, s_k, h_kv, d = v.shape
     padded = -(-s_k // block_n) * block_n
-    # one-byte values move as bytes (torch's indexing kernels do not all take float8)
+    # one-byte values move as bytes (torch's copy kernels do not all take float8)
     bytes_ = v.element_size() == 1
     src = v.view(torch.uint8) if bytes_ else v
     if padded != s_k:
         src = torch.nn.functional.pad(src, (0, 0, 0, 0, 0, padded - s_k))
-    chunks = src.view(b, padded // CHUNK, CHUNK, h_kv, d).permute(0, 3, 4, 1, 2)
-    out = chunks[..., _key_order(v.device)].reshape(b, h_kv, d, padded).contiguous()
+    # keys as (chunk, a, c, b, e); slots as (chunk, a, b, c, e)
+    keys = src.view(b, padded // CHUNK, 2, 2, 4, 2, h_kv, d)
+    out = keys.permute(0, 6, 7, 1, 2, 4, 3, 5).reshape(b, h_kv, d, padded)
     return out.view(v.dtype) if bytes_ else out
-
-
-@functools.lru_cache(maxsize=16)
-def _key_order(device):
-    """``KEY_ORDER`` as an index tensor on ``device``, made once (a host-to-device copy
-    cannot run inside a CUDA graph capture)."""
-    import torch
-
-    return torch.tensor(KEY_ORDER, device=device)
