@@ -17,7 +17,6 @@ for all 128 while tracing); ``transpose_v`` builds V^T with its keys in that ord
 
 from __future__ import annotations
 
-
 CHUNK = 32  # keys per k-step of an e4m3 WGMMA
 
 # KEY_ORDER[p]: the key (within a 32-key chunk) that A's slot p holds
