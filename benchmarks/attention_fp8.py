@@ -33,7 +33,7 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
     import torch
 
     import cutetma
-    from cutetma.kernels.attention.fp8_operands import transpose_v
+    from cutetma.fp8_attention import v_operand
 
     b, h = TOKENS // s, 2048 // d
     fp8 = []
@@ -72,9 +72,10 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
         for name in timed:
             timed[name].append(bench(calls[name]))
     row.update({name: flops / statistics.median(ms) / 1e9 for name, ms in timed.items()})
-    # the per-call V^T copy (``transpose_v``), inside the fp8 columns' times: its share
+    # the per-call V^T (``v_operand``, the VTranspose kernel), inside the fp8 columns'
+    # times: its share
     block_n = 64 if d == 256 else 128
-    row["v_transpose_ms"] = bench(lambda: transpose_v(v8, block_n))
+    row["v_transpose_ms"] = bench(lambda: v_operand(v8, block_n))
     row["rounds"] = 1 + rounds
     return row
 

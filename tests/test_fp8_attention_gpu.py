@@ -62,3 +62,22 @@ def test_odd_lengths(s_q, s_k):
 
 def test_gqa():
     check(2, 256, 384, 8, 2, 128, False, "cp_async")
+
+
+@pytest.mark.parametrize("s_k,block_n", [(1, 128), (333, 128), (4096, 128), (100, 64)])
+def test_v_transpose_kernel_matches_torch(s_k, block_n):
+    """``VTranspose`` (the GPU path of ``v_operand``) makes the same bytes as the torch
+    reference ``transpose_v``, zeros past s_k included, from a strided V (a head slice)."""
+    import torch
+
+    from cutetma.fp8_attention import v_operand
+    from cutetma.kernels.attention.fp8_operands import transpose_v
+
+    for d in (64, 128, 256):
+        full = torch.randn(2, s_k, 6, d, device="cuda").to(torch.float8_e4m3fn)
+        v = full[:, :, 1:4]  # (seq, head, batch) strides of the whole tensor
+        got = v_operand(v, block_n)
+        torch.cuda.synchronize()
+        want = transpose_v(v, block_n)
+        assert got.shape == want.shape and got.stride(3) == 1
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

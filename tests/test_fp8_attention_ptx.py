@@ -3,6 +3,8 @@ permutation that lets P's e4m3 A fragment be read where the fp32 accumulator lef
 checked against CuTe's partitions of both tiled MMAs for every thread, and V^T built in the
 same order, so that the permuted product is the plain one."""
 
+import re
+
 import pytest
 
 from cutetma.kernels.attention import fp8_operands as ops
@@ -138,3 +140,16 @@ def test_fp8_benchmark_summary():
     assert summary["geomean_tma_over_bf16_s>=4k"] == pytest.approx((1.5 * 1.6) ** 0.5)
     assert summary["min_tma_over_bf16_s>=4k"] == pytest.approx(1.5)
     assert summary["median_tma_over_cp_async"] == pytest.approx(1.6)
+
+
+def test_v_transpose_kernel_ptx():
+    """``VTranspose``: a thread's 32 bytes of a column read one byte per key row, with no
+    branch around the loads (rows past s_k are clamped, their values zeroed by selects),
+    and written as two 16-byte stores."""
+    from cutetma.kernels import build
+
+    ptx = build.compile_v_transpose(128).ptx
+    assert len(re.findall(r"ld\.global\.b8", ptx)) == 32
+    assert set(re.findall(r"st\.global[.\w]*", ptx)) == {"st.global.v4.b32"}
+    assert len(re.findall(r"st\.global\.v4", ptx)) == 2
+    assert not re.search(r"\bbra\b", ptx)

@@ -10,8 +10,9 @@ The kernel is the attention family's (``FlashAttentionSm90``) with 8-bit operand
 descales fold into the softmax scale; P is rounded to e4m3 for P V (FlashAttention-3's
 choice: P <= 1 keeps e4m3's range); V goes in as V^T, keys contiguous, because WGMMA reads
 8-bit B operands K-major only, its keys in the order P's registers hold them
-(``kernels.attention.fp8_operands``: one copy of V here). V's descale multiplies the
-output afterwards (one more rounding of a 16-bit output). Dense K/V only: a paged cache
+(``kernels.attention.fp8_operands``; one copy of V per call, made by the ``VTranspose``
+kernel). V's descale multiplies the output afterwards (one more rounding of a 16-bit
+output). Dense K/V only: a paged cache
 would have to be kept transposed.
 """
 
@@ -43,7 +44,6 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     ``config``: an ``AttentionConfig`` to run as it is (its head dim and causal flag must
     match, its key block whole 32-key steps; it overrides ``load``)."""
     from cutetma.kernels.attention import AttentionConfig
-    from cutetma.kernels.attention.fp8_operands import transpose_v
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_operand(name, t, "attention_fp8", 4, "(batch, seqlen, heads, head_dim)",
@@ -85,7 +85,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         return (out, lse) if return_lse else out
     q, k = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
             for x in (q, k))
-    vt = transpose_v(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
+    vt = v_operand(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
     scale = (softmax_scale if softmax_scale is not None else d ** -0.5)
     scale *= descales[0] * descales[1]
     strides = (*(q.stride(i) for i in (1, 2, 0)), *(k.stride(i) for i in (1, 2, 0)),
@@ -97,6 +97,25 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     if descales[2] != 1.0:
         out.mul_(descales[2])
     return (out, lse) if return_lse else out
+
+
+def v_operand(v: torch.Tensor, block_n: int) -> torch.Tensor:
+    """V (b, s_k, h_kv, d) e4m3 as the FP8 kernel reads it (V^T, keys in the key order,
+    zero-padded to whole ``block_n`` blocks), by the ``VTranspose`` kernel on the GPU
+    (``fp8_operands.transpose_v``, the same in torch, is its reference and the CPU path)."""
+    from cutetma.kernels.attention.fp8_operands import transpose_v
+
+    if not v.is_cuda:
+        return transpose_v(v, block_n)
+    if v.stride(3) != 1:
+        v = v.contiguous()
+    b, s_k, h_kv, d = v.shape
+    padded = -(-s_k // block_n) * block_n
+    vt = torch.empty(b, h_kv, d, padded, device=v.device, dtype=torch.uint8)
+    launch = runtime.v_transpose_launch(d)
+    launch((v.data_ptr(), vt.data_ptr(), b, s_k, h_kv, padded, v.stride(1), v.stride(2),
+            v.stride(0), torch.cuda.current_stream(v.device).cuda_stream))
+    return vt.view(v.dtype)
 
 
 def _descale(name: str, x) -> float:

@@ -361,6 +361,22 @@ def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):
                            *(cutlass.Int64(8),) * 3, make_fake_stream())
 
 
+def compile_v_transpose(head_dim: int):
+    """FP8 attention's V^T in the key order (``VTranspose.from_pointers``) for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.attention.v_transpose import VTranspose
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    def pointer(align):
+        return make_ptr(cutlass.Uint8, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    return dsl.compile_ptx(VTranspose(head_dim).from_pointers, pointer(1), pointer(16),
+                           *(cutlass.Int32(1),) * 4, *(cutlass.Int64(8),) * 3,
+                           make_fake_stream())
+
+
 @functools.cache
 def compile_attention_backward(cfg, dtype_name: str = "BFloat16"):
     """The attention backward (``FlashAttentionBackwardSm90.from_pointers``, as

@@ -21,7 +21,8 @@ _NAMES = {
     "combine_launch": "launch", "attention_backward_launch": "launch",
     "BackwardLaunch": "launch", "backward_preprocess_launch": "launch",
     "PreprocessLaunch": "launch", "PostprocessLaunch": "launch",
-    "dq_postprocess_launch": "launch",
+    "dq_postprocess_launch": "launch", "v_transpose_launch": "launch",
+    "VTransposeLaunch": "launch",
     "scaled_gemm_launch": "launch",
     "split_workspace": "workspace",
 }

@@ -20,7 +20,8 @@ import torch
 from cutetma.runtime.device import cached
 
 _CUTE_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16", torch.float32: "Float32",
-                torch.int32: "Int32", torch.float8_e4m3fn: "Float8E4M3FN"}
+                torch.int32: "Int32", torch.float8_e4m3fn: "Float8E4M3FN",
+                torch.uint8: "Uint8"}
 
 
 _CODES = {ctypes.c_void_p: "P", ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_float: "f"}
@@ -153,6 +154,14 @@ class PostprocessLaunch(PointerLaunch):
 
     SLOTS = ((ctypes.c_void_p,) * 2 + (ctypes.c_int32,) * 3 + (ctypes.c_int64,) * 3
              + (ctypes.c_float, ctypes.c_void_p))
+
+
+class VTransposeLaunch(PointerLaunch):
+    """``VTranspose.from_pointers``: V, V^T (as bytes); batch, s_k, kv heads, keys padded;
+    V's (seq, head, batch) strides; the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 2 + (ctypes.c_int32,) * 4 + (ctypes.c_int64,) * 3
+             + (ctypes.c_void_p,))
 
 
 class CombineLaunch(PointerLaunch):
@@ -319,6 +328,20 @@ def dq_postprocess_launch(dtype: torch.dtype, head_dim: int,
                          f"head_dim={head_dim},block_m={block_m}", args)
 
     return cached(("dq_postprocess", dtype, head_dim, block_m), build)
+
+
+def v_transpose_launch(head_dim: int) -> VTransposeLaunch:
+    """FP8 attention's V^T in the key order (``VTranspose``, one-byte values moved as
+    bytes), compiled on its first use."""
+
+    def build():
+        _, stream = _dsl()
+        args = (typed_pointer(torch.uint8, 1), typed_pointer(torch.uint8, 16), *(1,) * 7,
+                stream)
+        return _compiled(VTransposeLaunch, "cutetma.kernels.attention.v_transpose",
+                         "VTranspose.from_pointers", (head_dim,), f"head_dim={head_dim}", args)
+
+    return cached(("v_transpose", head_dim), build)
 
 
 def attention_backward_launch(dtype: torch.dtype, cfg,
