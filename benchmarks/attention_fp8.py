@@ -6,7 +6,7 @@ against our bf16 kernel on the same inputs (dequantised), one run.
 FlashAttention-3's grid at 16k tokens per batch (b = 16384 / s, h = 2048 / d), s >= 2k,
 causal and not; FLOPs 4 b h s^2 d, halved for causal; TFLOP/s. The issue's question: FP8
 at least 1.4x our bf16 at d = 128 and 256, s >= 4k (FA3 on the H100: about 1.6x its bf16).
-The FP8 output is checked against the bf16 one first (5% of its largest value: P in e4m3).
+The FP8 output is checked against the bf16 one first (10% of its largest value: P in e4m3).
 Column ``tma_n128``: the 16-bit tile's 128 keys at d = 128, beside the default (192).
 Times: CUDA-graph replays (``gemm.bench``), then ``--rounds`` alternating rounds; a cell's
 figure is the median of its timings. Writes ``attention_fp8.json``.
