@@ -7,7 +7,7 @@ FlashAttention-3's grid at 16k tokens per batch (b = 16384 / s, h = 2048 / d), s
 causal and not; FLOPs 4 b h s^2 d, halved for causal; TFLOP/s. The issue's question: FP8
 at least 1.4x our bf16 at d = 128 and 256, s >= 4k (FA3 on the H100: about 1.6x its bf16).
 The FP8 output is checked against the bf16 one first (10% of its largest value: P in e4m3).
-Column ``tma_n128``: the 16-bit tile's 128 keys at d = 128, beside the default (192).
+``--custom NAME=field:value,..``: a column of ours with those AttentionConfig fields.
 Times: CUDA-graph replays (``gemm.bench``), then ``--rounds`` alternating rounds; a cell's
 figure is the median of its timings. Writes ``attention_fp8.json``.
 """
@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import FINAL_ROUNDS, TOKENS  # noqa: E402
+from attention import FINAL_ROUNDS, TOKENS, parse_custom  # noqa: E402
 from gemm import bench, progress  # noqa: E402
 
 HEAD_DIMS = (128, 256)
 SEQLENS = (2048, 4096, 8192, 16384)
 
 
-def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
+def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS, custom=()) -> dict:
     import torch
 
     import cutetma
@@ -49,10 +49,10 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
     for load in ("tma", "cp_async"):
         calls[load] = lambda load=load: cutetma.attention_fp8(
             q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv, causal=causal, load=load)
-    if d == 128:  # the 16-bit tile's 128 keys at d = 128, against the default 192
-        n128 = cutetma.AttentionConfig(head_dim=d, causal=causal, block_n=128)
-        calls["tma_n128"] = lambda: cutetma.attention_fp8(
-            q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv, causal=causal, config=n128)
+    for name, fields in custom:  # candidate AttentionConfigs beside the default
+        config = cutetma.AttentionConfig(head_dim=d, causal=causal, **fields)
+        calls[name] = lambda config=config: cutetma.attention_fp8(
+            q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv, causal=causal, config=config)
     want = calls["bf16"]().float()
     timed = {}
     for name, call in calls.items():
@@ -68,8 +68,9 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS) -> dict:
             timed[name] = [bench(call)]
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    for _ in range(rounds):
-        for name in timed:
+    names = list(timed)
+    for r in range(rounds):  # each round starts one column later: no column always
+        for name in names[r % len(names):] + names[:r % len(names)]:  # follows bf16's
             timed[name].append(bench(calls[name]))
     row.update({name: flops / statistics.median(ms) / 1e9 for name, ms in timed.items()})
     # the per-call V^T (``v_operand``, the VTranspose kernel), inside the fp8 columns'
@@ -101,6 +102,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
     ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    ap.add_argument("--custom", nargs="*", type=parse_custom, default=[],
+                    help="NAME=field:value,..: a column of ours with those AttentionConfig "
+                         "fields, e.g. n192=block_n:192")
     args = ap.parse_args(argv)
     from cutetma import results
 
@@ -108,7 +112,7 @@ def main(argv=None):
     todo = [(d, s, causal) for d in args.head_dims for s in seqlens for causal in (False, True)]
     out, rows, t0 = Path(args.out), [], time.time()
     for d, s, causal in progress(todo, len(todo)):
-        rows.append(measure(d, s, causal, args.rounds))
+        rows.append(measure(d, s, causal, args.rounds, args.custom))
         results.write("attention_fp8", rows, out, extra_meta={"complete": False})
     summary = summarize(rows)
     path = results.write("attention_fp8", rows, out, extra_meta={

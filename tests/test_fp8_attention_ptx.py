@@ -84,10 +84,11 @@ def test_fp8_attention_ptx(d, causal, load):
     import re
     import shutil
 
+    from cutetma.fp8_attention import FP8_TILE
     from cutetma.kernels import build
     from cutetma.kernels.attention.config import AttentionConfig
 
-    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, block_n=64 if d == 256 else 0)
+    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, **FP8_TILE.get(d, {}))
     ptx = build.compile_attention(cfg, "Float8E4M3FN").ptx
     half = build.compile_attention(AttentionConfig(head_dim=d, causal=causal, load=load),
                                    "BFloat16").ptx

@@ -26,11 +26,11 @@ from cutetma import runtime
 from cutetma.checks import check_operand, tma_rows_aligned
 from cutetma.tuning import gemm as gemm_tuning
 
-# keys per K/V stage with e4m3 operands, per head dim (0: the 16-bit table's). 8-bit stages
-# hold twice the keys of 16-bit ones: FlashAttention-3's 192 at d = 128 measured 1.02-1.10x
-# the 16-bit tile's 128 (docs/design.md, "FP8 attention"); at d = 256 the 16-bit tile's 80
-# keys are not whole 32-key WGMMA steps, so 64
-FP8_BLOCK_N = {128: 192, 256: 64}
+# the tile with e4m3 operands per head dim (AttentionConfig fields; unnamed: the 16-bit
+# tables'). 8-bit stages take half the bytes: at d = 128 three 128-key stages fit where two
+# 16-bit ones do (measured 1.01-1.05x two stages, and 192-key stages no faster: docs/design.md,
+# "FP8 attention"); at d = 256 the 16-bit tile's 80 keys are not whole 32-key WGMMA steps
+FP8_TILE = {128: {"block_n": 128, "stages": 3}, 256: {"block_n": 64}}
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -73,7 +73,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     if config is None:
         gemm_tuning.check_load(load)
         config = AttentionConfig(head_dim=d, causal=causal, load=load,
-                                 block_n=FP8_BLOCK_N.get(d, 0))
+                                 **FP8_TILE.get(d, {}))
     elif not isinstance(config, AttentionConfig):
         raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     elif (config.head_dim, config.causal) != (d, causal) or config.block_n % 32:
