@@ -231,6 +231,37 @@ def single_pass(row: dict, key: str):
     return row.get("selection", {}).get(key, row.get(key))
 
 
+def grid_parser(description: str, head_dims, seqlens, config: str, example: str):
+    """The attention benchmarks' shared flags: --quick, --out, --rounds, --head-dims,
+    --seqlens, and --custom columns of ours with ``config``'s fields."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
+    ap.add_argument("--head-dims", nargs="+", type=int, default=list(head_dims))
+    ap.add_argument("--seqlens", nargs="+", type=int, default=list(seqlens))
+    ap.add_argument("--custom", nargs="*", type=parse_custom, default=[],
+                    help=f"NAME=field:value,..: a column of ours with those {config} "
+                         f"fields, e.g. {example}")
+    return ap
+
+
+def ratio_summary(rows, ours: str, peer: str, suffix: str = "", where=None) -> dict:
+    """``geomean_{ours}_over_{peer}{suffix}`` and ``min_..``, over the rows (``where``
+    passes) that timed both, and ``median_tma_over_cp_async`` over the rows that timed those."""
+    s = {}
+    ratios = [r[ours] / r[peer] for r in rows
+              if r.get(ours) and r.get(peer) and (where is None or where(r))]
+    if ratios:
+        s[f"geomean_{ours}_over_{peer}{suffix}"] = math.exp(statistics.mean(map(math.log,
+                                                                                  ratios)))
+        s[f"min_{ours}_over_{peer}{suffix}"] = min(ratios)
+    mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
+    if mech:
+        s["median_tma_over_cp_async"] = statistics.median(mech)
+    return s
+
+
 def summarize(rows) -> dict:
     s = {}
     d128 = [r for r in rows if r["d"] == 128 and r["s"] >= 2048 and r.get("tma")

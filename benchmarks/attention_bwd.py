@@ -15,15 +15,12 @@ checked against cuDNN's first. Writes ``attention_bwd.json`` and ``attention_bwd
 
 from __future__ import annotations
 
-import argparse
-import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds, parse_custom  # noqa: E402
+from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds, grid_parser, ratio_summary  # noqa: E402
 from gemm import bench, progress  # noqa: E402
 
 HEAD_DIMS = (64, 128)  # the backward's (d = 256 is not built)
@@ -100,16 +97,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
 
 
 def summarize(rows) -> dict:
-    s = {}
-    for peer in ("fa4", "cudnn"):
-        ratios = [r["tma"] / r[peer] for r in rows if r.get("tma") and r.get(peer)]
-        if ratios:
-            s[f"geomean_tma_over_{peer}"] = math.exp(statistics.mean(map(math.log, ratios)))
-            s[f"min_tma_over_{peer}"] = min(ratios)
-    mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
-    if mech:
-        s["median_tma_over_cp_async"] = statistics.median(mech)
-    return s
+    return {**ratio_summary(rows, "tma", "fa4"), **ratio_summary(rows, "tma", "cudnn")}
 
 
 def plot(rows, path: Path):
@@ -136,16 +124,9 @@ def plot(rows, path: Path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
-    ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
-    ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    ap = grid_parser(__doc__.splitlines()[0], HEAD_DIMS, SEQLENS, "BackwardConfig",
+                     "g4=heads_per_group:4")
     ap.add_argument("--causal-only", action="store_true")
-    ap.add_argument("--custom", nargs="*", type=parse_custom, default=[],
-                    help="NAME=field:value,..: a column of ours with those BackwardConfig "
-                         "fields, e.g. g1=heads_per_group:1")
     args = ap.parse_args(argv)
     from cutetma import results
 
@@ -156,13 +137,8 @@ def main(argv=None):
     for d, s, causal in progress(todo, len(todo)):
         rows.append(measure("bfloat16", d, s, causal, args.rounds, custom=args.custom))
         results.write("attention_bwd", rows, out, extra_meta={"complete": False})
-    summary = summarize(rows)
-    path = results.write("attention_bwd", rows, out, extra_meta={
-        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
     plot(rows, out / "attention_bwd.png")
-    print(f"wrote {path}")
-    for key, value in summary.items():
-        print(f"  {key}: {value:.3f}")
+    results.finish("attention_bwd", rows, out, summarize(rows), t0)
     return 0
 
 

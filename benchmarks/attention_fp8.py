@@ -14,15 +14,13 @@ figure is the median of its timings. Writes ``attention_fp8.json``.
 
 from __future__ import annotations
 
-import argparse
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import FINAL_ROUNDS, TOKENS, parse_custom  # noqa: E402
+from attention import FINAL_ROUNDS, TOKENS, grid_parser, ratio_summary  # noqa: E402
 from gemm import bench, progress  # noqa: E402
 
 HEAD_DIMS = (128, 256)
@@ -82,29 +80,16 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS, custom=())
 
 
 def summarize(rows) -> dict:
-    s = {}
-    for key in ("tma", "cp_async"):
-        ratios = [r[key] / r["bf16"] for r in rows if r.get(key) and r.get("bf16")
-                  and r["s"] >= 4096]
-        if ratios:
-            s[f"geomean_{key}_over_bf16_s>=4k"] = math.exp(statistics.mean(map(math.log, ratios)))
-            s[f"min_{key}_over_bf16_s>=4k"] = min(ratios)
-    mech = [r["tma"] / r["cp_async"] for r in rows if r.get("tma") and r.get("cp_async")]
-    if mech:
-        s["median_tma_over_cp_async"] = statistics.median(mech)
-    return s
+    def long(r):
+        return r["s"] >= 4096
+
+    return {**ratio_summary(rows, "tma", "bf16", "_s>=4k", long),
+            **ratio_summary(rows, "cp_async", "bf16", "_s>=4k", long)}
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--rounds", type=int, default=FINAL_ROUNDS)
-    ap.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
-    ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
-    ap.add_argument("--custom", nargs="*", type=parse_custom, default=[],
-                    help="NAME=field:value,..: a column of ours with those AttentionConfig "
-                         "fields, e.g. n192=block_n:192")
+    ap = grid_parser(__doc__.splitlines()[0], HEAD_DIMS, SEQLENS, "AttentionConfig",
+                     "n192=block_n:192")
     args = ap.parse_args(argv)
     from cutetma import results
 
@@ -114,12 +99,7 @@ def main(argv=None):
     for d, s, causal in progress(todo, len(todo)):
         rows.append(measure(d, s, causal, args.rounds, args.custom))
         results.write("attention_fp8", rows, out, extra_meta={"complete": False})
-    summary = summarize(rows)
-    path = results.write("attention_fp8", rows, out, extra_meta={
-        "summary": summary, "complete": True, "seconds": round(time.time() - t0)})
-    print(f"wrote {path}")
-    for key, value in summary.items():
-        print(f"  {key}: {value:.3f}")
+    results.finish("attention_fp8", rows, out, summarize(rows), t0)
     return 0
 
 

@@ -31,3 +31,22 @@ def test_nondeterminism_raises_or_warns_as_torch_asks():
             refuse_nondeterministic("this sum is not deterministic")
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_attention_config_is_the_default_or_a_matching_config():
+    """``attention_config``: None takes the default; a config of another kind, head dim or
+    mask is refused before any launch, naming what the call has."""
+    from cutetma.checks import attention_config
+    from cutetma.kernels.attention.config import AttentionConfig, BackwardConfig
+
+    made = AttentionConfig(head_dim=128, causal=True)
+    assert attention_config(None, AttentionConfig, 128, True, lambda: made) is made
+    own = AttentionConfig(head_dim=64, causal=False, block_n=64)
+    assert attention_config(own, AttentionConfig, 64, False, lambda: made) is own
+    with pytest.raises(TypeError, match="an AttentionConfig, got BackwardConfig"):
+        attention_config(BackwardConfig(), AttentionConfig, 128, False, lambda: made)
+    with pytest.raises(TypeError, match="a BackwardConfig"):
+        attention_config(own, BackwardConfig, 64, False, lambda: made)
+    with pytest.raises(ValueError, match="config is for head_dim=64, causal=False; the call "
+                                         "has head_dim=128, causal=True"):
+        attention_config(own, AttentionConfig, 128, True, lambda: made)

@@ -24,7 +24,7 @@ import dataclasses
 import torch
 
 from cutetma import runtime
-from cutetma.checks import check_operand, tma_rows_aligned
+from cutetma.checks import attention_config, check_operand, tma_rows_aligned
 from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
 from cutetma.tuning import gemm as gemm_tuning
 
@@ -50,13 +50,8 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     q, k, v, dout, out = (x if tma_rows_aligned(x)
                           else x.clone(memory_format=torch.contiguous_format)
                           for x in (q, k, v, dout, out))
-    if config is None:
-        config = BackwardConfig(head_dim=d, causal=causal, load=load)
-    elif not isinstance(config, BackwardConfig):
-        raise TypeError(f"config must be a BackwardConfig, got {type(config).__name__}")
-    elif (config.head_dim, config.causal) != (d, causal):
-        raise ValueError(f"config (head_dim={config.head_dim}, causal={config.causal}) does "
-                         f"not fit this call (head_dim={d}, causal={causal})")
+    config = attention_config(config, BackwardConfig, d, causal,
+                              lambda: BackwardConfig(head_dim=d, causal=causal, load=load))
     cfg = dataclasses.replace(config, deterministic=deterministic)
     lse_log2, dsum, dq = _statistics(dout, out, lse, dlse, cfg.block_m)
     blocks = lse_log2.shape[-1] // cfg.block_m

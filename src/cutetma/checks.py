@@ -30,6 +30,21 @@ def check_operand(name: str, t, op: str, dims: int, layout: str = "",
         raise ValueError(f"{name} is on {t.device}: {op} needs CUDA tensors")
 
 
+def attention_config(config, kind: type, head_dim: int, causal: bool, default):
+    """The configuration an attention call runs: ``default()`` where ``config`` is None,
+    else ``config`` itself once it is a ``kind`` made for this head dim and mask (a clear
+    error before launch otherwise)."""
+    if config is None:
+        return default()
+    if not isinstance(config, kind):
+        raise TypeError(f"config must be a{'n' if kind.__name__[0] in 'AEIOU' else ''} "
+                        f"{kind.__name__}, got {type(config).__name__}")
+    if (config.head_dim, config.causal) != (head_dim, causal):
+        raise ValueError(f"config is for head_dim={config.head_dim}, causal={config.causal}; "
+                         f"the call has head_dim={head_dim}, causal={causal}")
+    return config
+
+
 def refuse_nondeterministic(message: str, stacklevel: int = 3) -> None:
     """Under ``torch.use_deterministic_algorithms(True)``: raise ``message`` as a
     RuntimeError, or in torch's warn-only mode warn it (torch's own convention). The caller

@@ -23,7 +23,7 @@ import math
 import torch
 
 from cutetma import runtime
-from cutetma.checks import check_operand, tma_rows_aligned
+from cutetma.checks import attention_config, check_operand, tma_rows_aligned
 from cutetma.tuning import gemm as gemm_tuning
 
 # the tile with e4m3 operands per head dim (AttentionConfig fields; unnamed: the 16-bit
@@ -70,17 +70,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     descales = [_descale(name, x) for name, x in (("q_descale", q_descale),
                                                   ("k_descale", k_descale),
                                                   ("v_descale", v_descale))]
-    if config is None:
-        gemm_tuning.check_load(load)
-        config = AttentionConfig(head_dim=d, causal=causal, load=load,
-                                 **FP8_TILE.get(d, {}))
-    elif not isinstance(config, AttentionConfig):
-        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
-    elif (config.head_dim, config.causal) != (d, causal) or config.block_n % 32:
-        raise ValueError(f"config (head_dim={config.head_dim}, causal={config.causal}, "
-                         f"block_n={config.block_n}) does not fit this call (head_dim={d}, "
-                         f"causal={causal}, whole 32-key steps)")
-    cfg = config
+    cfg = attention_config(config, AttentionConfig, d, causal, lambda: AttentionConfig(
+        head_dim=d, causal=causal, load=gemm_tuning.check_load(load), **FP8_TILE.get(d, {})))
+    if cfg.block_n % 32:
+        raise ValueError(f"config block_n={cfg.block_n}: e4m3 takes whole 32-key steps")
     out = torch.empty(b, s_q, h, d, device=q.device, dtype=out_dtype)
     lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
     if q.numel() == 0 or s_k == 0:

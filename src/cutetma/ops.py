@@ -23,7 +23,12 @@ import torch
 
 from cutetma import dsl, runtime
 from cutetma import swizzle as hw
-from cutetma.checks import check_operand, refuse_nondeterministic, tma_rows_aligned
+from cutetma.checks import (
+    attention_config,
+    check_operand,
+    refuse_nondeterministic,
+    tma_rows_aligned,
+)
 from cutetma.kernels.gemm_config import GemmConfig
 from cutetma.runtime import placement
 from cutetma.tuning import gemm as tuning
@@ -520,14 +525,8 @@ def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionP
         raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
     if d not in ATTENTION_HEAD_DIMS:
         raise ValueError(f"head_dim {d}: supported are {ATTENTION_HEAD_DIMS}")
-    if config is None:
-        tuning.check_load(load)
-        config = AttentionConfig(head_dim=d, causal=causal, load=load)
-    elif not isinstance(config, AttentionConfig):
-        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
-    elif (config.head_dim, config.causal) != (d, causal):
-        raise ValueError(f"config is for head_dim={config.head_dim}, causal={config.causal}; "
-                         f"the call has head_dim={d}, causal={causal}")
+    config = attention_config(config, AttentionConfig, d, causal, lambda: AttentionConfig(
+        head_dim=d, causal=causal, load=tuning.check_load(load)))
     plan = _AttentionPlan()
     plan.copies = tuple(not tma_rows_aligned(x) for x in (q, k, v))
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys

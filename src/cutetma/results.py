@@ -65,6 +65,20 @@ def write(name: str, rows: list[dict], directory: str | Path = "benchmarks/resul
     return path
 
 
+def finish(name: str, rows: list[dict], directory: str | Path, summary: dict,
+           started: float) -> Path:
+    """A benchmark's last write: ``name``.json marked complete, with its ``summary`` and the
+    seconds since ``started``; prints where it went and the summary's figures."""
+    import time
+
+    path = write(name, rows, directory, extra_meta={
+        "summary": summary, "complete": True, "seconds": round(time.time() - started)})
+    print(f"wrote {path}")
+    for key, value in summary.items():
+        print(f"  {key}: {value:.3f}")
+    return path
+
+
 def dumps(doc: dict) -> str:
     """A results document as text: ``meta`` (and any other key) indented, one line a row."""
     rows = doc.get("rows")

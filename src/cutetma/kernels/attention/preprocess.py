@@ -25,6 +25,18 @@ THREADS = 128
 VECTOR = 8  # 16-bit values per 16-byte load
 
 
+def dq_accumulator(pointer, per_block: int, blocks, heads, batch):
+    """The backward's fp32 dQ accumulator as (``per_block`` values of a query block, query
+    blocks, heads, batch), contiguous: what the preprocessing kernel zeroes and
+    ``DqPostprocess`` reads."""
+    per_head = cute.assume(cutlass.Int64(blocks) * per_block, divby=per_block)
+    return cute.make_tensor(pointer, cute.make_layout(
+        (per_block, blocks, heads, batch),
+        stride=(1, per_block, per_head,
+                cute.assume(cutlass.Int64(blocks) * per_block * cutlass.Int64(heads),
+                            divby=per_block))))
+
+
 class BackwardPreprocess:
     def __init__(self, head_dim: int, block_m: int = 64):
         self.head_dim = head_dim
@@ -54,12 +66,7 @@ class BackwardPreprocess:
                 (length, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
 
         blocks = (seqlen_q + self.block_m - 1) // self.block_m
-        per_block = self.block_m * d
-        acc = cute.make_tensor(pAcc, cute.make_layout(
-            (per_block, blocks, heads, batch),
-            stride=(1, per_block, cute.assume(cutlass.Int64(blocks) * per_block, divby=per_block),
-                    cute.assume(cutlass.Int64(blocks) * per_block * cutlass.Int64(heads),
-                                divby=per_block))))
+        acc = dq_accumulator(pAcc, self.block_m * d, blocks, heads, batch)
         self.kernel(rows(pO, o_s, o_h, o_b), rows(pdO, do_s, do_h, do_b),
                     per_query(pLSE, seqlen_q), per_query(pLSE2, blocks * self.block_m),
                     per_query(pD, blocks * self.block_m), acc).launch(
@@ -127,12 +134,7 @@ class DqPostprocess:
         ``pdQ``: dQ (b, s_q, h, d) with (seq, head, batch) strides ``q_s, q_h, q_b``."""
         d = self.head_dim
         blocks = (seqlen_q + self.block_m - 1) // self.block_m
-        per_block = self.block_m * d
-        acc = cute.make_tensor(pAcc, cute.make_layout(
-            (per_block, blocks, heads, batch),
-            stride=(1, per_block, cute.assume(cutlass.Int64(blocks) * per_block, divby=per_block),
-                    cute.assume(cutlass.Int64(blocks) * per_block * cutlass.Int64(heads),
-                                divby=per_block))))
+        acc = dq_accumulator(pAcc, self.block_m * d, blocks, heads, batch)
         q_s, q_h, q_b = (cute.assume(x, divby=2) for x in (q_s, q_h, q_b))
         dq = cute.make_tensor(pdQ, cute.make_layout((d, seqlen_q, heads, batch),
                                                     stride=(1, q_s, q_h, q_b)))
