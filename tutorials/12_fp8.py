@@ -2,8 +2,9 @@
 
 Run: ``python tutorials/12_fp8.py``. On any machine it shows the 128-byte swizzle on
 one-byte elements beside two-byte ones, quantises a GEMM to e4m3 with per-tensor and
-row-wise scales (torch on the CPU) to see what each costs in accuracy, and compiles the FP8
-GEMM for sm_90a to read its WGMMAs in the PTX. On a Hopper GPU it also runs
+row-wise scales (torch on the CPU) to see what each costs in accuracy, compiles the FP8
+GEMM for sm_90a to read its WGMMAs in the PTX, and shows how FP8 attention meets K-major's
+rule for P V (P renamed in place, V^T stored in its key order). On a Hopper GPU it also runs
 ``cutetma.scaled_gemm`` against ``torch._scaled_mm``. From torch::
 
     c = cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
@@ -139,8 +140,43 @@ def measured() -> str:
     return f"{len(rows)} FP8 rows measured."
 
 
+def attention_key_order() -> bool:
+    heading("6. FP8 attention: P stays in its registers, V^T takes P's key order")
+    import torch
+
+    from cutetma.kernels.attention.fp8_operands import KEY_ORDER, transpose_v
+
+    # lane c of a quad: the keys of one 32-key chunk its S accumulator holds, and the keys
+    # an e4m3 A fragment's slots stand for (4c .. 4c+3, 4c+16 .. 4c+19)
+    for c in range(2):
+        acc = sorted(k for j in (0, 8, 16, 24) for k in (2 * c + j, 2 * c + j + 1))
+        slots = [4 * c + j for j in range(4)] + [4 * c + 16 + j for j in range(4)]
+        print(f"lane {c}: accumulator keys {acc}; A slots {slots} named keys "
+              f"{[KEY_ORDER[p] for p in slots]}")
+    swap = all(KEY_ORDER[16 * a + 4 * b + 2 * c + e] == 16 * a + 8 * c + 2 * b + e
+               for a in range(2) for b in range(4) for c in range(2) for e in range(2))
+    print(f"KEY_ORDER swaps two digits of a key's index (16a + 4b + 2c + e -> 16a + 8c + 2b + "
+          f"e): {swap}")
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(1, 96, 1, 16, generator=g, dtype=torch.float64)
+    p = torch.randn(1, 1, 4, 96, generator=g, dtype=torch.float64)
+    vt = transpose_v(v, 64)  # (1, 1, 16, 128): keys in slot order, zeros past 96
+    slot_keys = torch.tensor([32 * (s // 32) + KEY_ORDER[s % 32] for s in range(128)])
+    a = torch.zeros(1, 1, 4, 128, dtype=torch.float64)
+    a[..., slot_keys < 96] = p[..., slot_keys[slot_keys < 96]]  # P as the registers hold it
+    same = torch.allclose(a @ vt.transpose(-1, -2), p @ v[0].transpose(0, 1), atol=1e-12)
+    print(f"P V with P's slots renamed and V^T stored in that order equals P V: {same}")
+    path = ROOT / "benchmarks" / "results" / "attention_fp8.json"
+    if path.exists():
+        summary = json.loads(path.read_text())["meta"].get("summary", {})
+        ratio = summary.get("geomean_tma_over_bf16_s>=4k")
+        if ratio:
+            print(f"H200 (attention_fp8.json): FP8 {ratio:.2f}x our bf16 kernel, s >= 4k")
+    return swap and same
+
+
 def on_gpu() -> str:
-    heading("5. On this GPU: cutetma.scaled_gemm against torch._scaled_mm")
+    heading("7. On this GPU: cutetma.scaled_gemm against torch._scaled_mm")
     reason = gpu_unavailable()
     if reason:
         print(f"skipped: {reason}")
@@ -171,6 +207,7 @@ def main() -> int:
     errors = scales_and_error()
     found = compiled()
     result = measured()
+    renamed = attention_key_order()
     here = on_gpu()
     heading("Takeaway:")
     print(f"Takeaway: the 128-byte swizzle moves bytes, so an e4m3 k-tile of 128 elements is "
@@ -178,9 +215,11 @@ def main() -> int:
           f"({found['tensor'][1]} stages either way); WGMMA reads it K-major in 4 k = 32 "
           f"steps, and the scales are one multiply on the fp32 accumulator. Row-wise scales "
           f"cut the worst row's error from {errors['tensor'][1]:.2%} to "
-          f"{errors['row'][1]:.2%} here. {result} {here}".rstrip())
-    return 0 if equal and found["tensor"][0] == 4 and errors["row"][1] < errors["tensor"][1] \
-        else 1
+          f"{errors['row'][1]:.2%} here. In attention, P's e4m3 fragment is read where S's "
+          f"accumulator left it, and V^T is stored in the key order that names. {result} "
+          f"{here}".rstrip())
+    ok = equal and renamed and found["tensor"][0] == 4 and errors["row"][1] < errors["tensor"][1]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
