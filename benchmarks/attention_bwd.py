@@ -125,7 +125,7 @@ def plot(rows, path: Path):
 
 def main(argv=None):
     ap = grid_parser(__doc__.splitlines()[0], HEAD_DIMS, SEQLENS, "BackwardConfig",
-                     "g4=heads_per_group:4")
+                     "s1=stages:1")
     ap.add_argument("--causal-only", action="store_true")
     args = ap.parse_args(argv)
     from cutetma import results

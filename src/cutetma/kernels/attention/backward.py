@@ -262,7 +262,9 @@ class FlashAttentionBackwardSm90:
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
-        n_block, head, batch = self._tile_of(cute.arch.block_idx(), cute.arch.grid_dim())
+        # the launch order, key blocks fastest: CTAs resident together share Q and dO in L2,
+        # and key block n - 1 launches before n (the deterministic turns rely on it)
+        n_block, head, batch = cute.arch.block_idx()
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         kv_head = head // (mQ.shape[2] // mK.shape[2])  # GQA: the query head's K/V head
         m_lo, m_hi = self._query_blocks(n_block, seqlen_q, seqlen_k)
@@ -285,30 +287,6 @@ class FlashAttentionBackwardSm90:
             self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK,
                          mdV, mTurns, tile, softmax_scale,
                          (tma_dk, mdK_tma, tma_dv, mdV_tma))
-
-    @cute.jit
-    def _tile_of(self, block, grid):
-        """(key block, head, batch) of this CTA. Causal: the (head, batch) pairs in groups of
-        ``cfg.heads_per_group``, and in a group the key blocks in the slowest order, so the
-        heaviest (key block 0 sees every query block) launch first and the grid's last CTAs
-        are the lightest (a short tail), while the CTAs resident together still share a few
-        heads' Q and dO in L2; key block n - 1 still launches before n, which the
-        deterministic turns need. Otherwise the launch order, key blocks fastest (CTAs
-        resident together share Q and dO in L2)."""
-        n_block, head, batch = block
-        if cutlass.const_expr(self.cfg.causal and self.cfg.heads_per_group != 1):
-            pairs = grid[1] * grid[2]
-            linear = n_block + grid[0] * (head + grid[1] * batch)
-            group = pairs
-            if cutlass.const_expr(self.cfg.heads_per_group > 1):
-                group = cutlass.Int32(self.cfg.heads_per_group)
-            first = linear // (group * grid[0]) * group  # this group's first pair
-            in_group = linear - first * grid[0]
-            size = cutlass.min(group, pairs - first)  # the last group may be short
-            n_block = in_group // size
-            pair = first + in_group % size
-            head, batch = pair % grid[1], pair // grid[1]
-        return n_block, head, batch
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen_q, seqlen_k):
@@ -594,7 +572,7 @@ class FlashAttentionBackwardSm90:
         until every key block before this one has added both its halves: the key blocks that
         see query block m are 0 .. some last one (causal's first query block grows with the
         key block), so key block n's turn is count 2 n. Key block n - 1 was launched before n
-        (``_tile_of``'s order), so it runs or has run: the wait ends."""
+        (the launch order), so it runs or has run: the wait ends."""
         if cute.arch.lane_idx() == 0:
             turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
                                                              + mTurns.shape[1] * tile.batch))

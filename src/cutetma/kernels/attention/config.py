@@ -230,10 +230,6 @@ class AttentionConfig:
 # spill instead, off the tensor cores' path
 BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (24, 240)}
 BACKWARD_HEAD_DIMS = (64, 128)
-# causal launch order (``BackwardConfig.heads_per_group``): the plain order; heaviest key
-# blocks first measured no faster in groups and slower across all heads (docs/design.md,
-# "Backward: causal launch order")
-BACKWARD_HEADS_PER_GROUP = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,13 +250,8 @@ class BackwardConfig:
     # before it at every query block: a turn counter per (query block, head, batch)), so
     # the gradients are the same bits every run (torch.use_deterministic_algorithms)
     deterministic: bool = False
-    # causal launch order: heaviest key blocks first within groups of this many (head,
-    # batch) pairs (1: the plain order, key blocks fastest; 0: one group of all pairs)
-    heads_per_group: int = BACKWARD_HEADS_PER_GROUP
 
     def __post_init__(self):
-        if self.heads_per_group < 0:
-            raise ValueError(f"heads_per_group={self.heads_per_group}: 0 (all) or more")
         if self.head_dim not in BACKWARD_HEAD_DIMS:
             raise ValueError(f"head_dim={self.head_dim}: the backward is built for "
                              f"{BACKWARD_HEAD_DIMS} (d = 256 needs FlashAttention-3's "
