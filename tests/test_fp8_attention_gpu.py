@@ -27,17 +27,26 @@ def check(b, s_q, s_k, h, h_kv, d, causal, load="tma"):
     import torch
 
     import cutetma
-    from cutetma.reference import attention_ref
 
     (q8, sq), (k8, sk), (v8, sv) = (quantized(shape, i) for i, shape in enumerate(
         ((b, s_q, h, d), (b, s_k, h_kv, d), (b, s_k, h_kv, d))))
     out, lse = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv,
                                      causal=causal, load=load, return_lse=True)
     torch.cuda.synchronize()
-    dq = (q8.float() * sq, k8.float() * sk, v8.float() * sv)
-    ref, ref_lse = attention_ref(*dq, causal)
-    same_dtype, _ = attention_ref(*dq, causal, p_dtype=torch.float8_e4m3fn)
-    assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h, d)
+    assert_within_budget(out, lse, (q8.float() * sq, k8.float() * sk, v8.float() * sv),
+                         causal)
+
+
+def assert_within_budget(out, lse, dequantized, causal):
+    """``out`` and ``lse`` against the fp32 reference of the dequantised inputs, within the
+    module docstring's budget."""
+    import torch
+
+    from cutetma.reference import attention_ref
+
+    ref, ref_lse = attention_ref(*dequantized, causal)
+    same_dtype, _ = attention_ref(*dequantized, causal, p_dtype=torch.float8_e4m3fn)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
     assert not out.isnan().any()
     err = (out.float() - ref).abs()
     budget = (same_dtype - ref).abs()
@@ -81,3 +90,41 @@ def test_v_transpose_kernel_matches_torch(s_k, block_n):
         want = transpose_v(v, block_n)
         assert got.shape == want.shape and got.stride(3) == 1
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_descales_per_batch_and_kv_head(load):
+    """Descales per (batch, K/V head), FlashAttention-3's convention: every (batch, K/V
+    head) slice of Q, K and V quantised with its own scale, the scales spread over 2^-6 ..
+    2^6, so a descale read for another slice (or another slice's query heads) is off by
+    orders of magnitude. One-element tensors and floats mix with them."""
+    import torch
+
+    import cutetma
+
+    b, s_q, s_k, h, h_kv, d = 3, 200, 333, 8, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(7)
+
+    def per_slice(heads):  # (b, s, heads, d) quantised per (batch, heads // group) slice
+        spread = 2.0 ** torch.randint(-6, 7, (b, 1, h_kv, 1, 1), device="cuda", generator=g)
+        s = s_q if heads == h else s_k
+        x = torch.randn(b, s, h_kv, heads // h_kv, d, device="cuda", generator=g) * spread
+        scale = x.abs().amax(dim=(1, 3, 4), keepdim=True) / 448.0
+        x8 = (x / scale).to(torch.float8_e4m3fn)
+        dq = (x8.float() * scale).reshape(b, s, heads, d)
+        return x8.reshape(b, s, heads, d), scale.reshape(b, h_kv), dq
+
+    (q8, sq, dq_q), (k8, sk, dq_k), (v8, sv, dq_v) = (per_slice(n) for n in (h, h_kv, h_kv))
+    for causal in (False, True):
+        out, lse = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk,
+                                         v_descale=sv, causal=causal, load=load,
+                                         return_lse=True)
+        torch.cuda.synchronize()
+        assert_within_budget(out, lse, (dq_q, dq_k, dq_v), causal)
+    # a per-tensor K descale as a one-element tensor, V's as a float, beside Q's per slice
+    out = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=torch.tensor(
+        [0.5], device="cuda"), v_descale=2.0, load=load)
+    ref = cutetma.attention_fp8(q8, k8, v8, q_descale=sq * 0.5, k_descale=1.0,
+                                v_descale=torch.full((b, h_kv), 2.0, device="cuda"), load=load)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)

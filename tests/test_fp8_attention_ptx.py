@@ -81,6 +81,7 @@ def test_fp8_attention_ptx(d, causal, load):
     """The attention kernel with e4m3 operands: both GEMMs are e4m3 WGMMAs (k = 32 steps),
     V is read K-major from V^T, P's conversion moves no value between threads (no shuffles
     beyond the 16-bit kernel's row reductions), and ptxas neither spills nor serializes."""
+    import collections
     import re
     import shutil
 
@@ -96,7 +97,17 @@ def test_fp8_attention_ptx(d, causal, load):
     assert set(shapes) == {str(cfg.block_n), str(d)} and "bf16" not in " ".join(shapes)
     assert not re.search(r"wgmma[^\n]*bf16", ptx)
     assert ptx.count("shfl.sync") == half.count("shfl.sync")
-    assert re.search(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)
+    # P converts as pairs of its own values (each value once per conversion site: the loop's
+    # and its tail's, which read the same registers; no shared zero partner, no byte
+    # shuffles after): the vector conversion of _to_p
+    pairs = re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32\s+%\w+, (%\w+), (%\w+);", ptx)
+    uses = collections.Counter(r for pair in pairs for r in pair)
+    assert pairs and all(a != b for a, b in pairs)
+    assert max(uses.values()) <= 2, uses.most_common(3)
+    # the descales: two loads per tile (the scores' and the output's factor); 16-bit reads
+    # none
+    assert len(re.findall(r"ld\.global", ptx)) == 2
+    assert "ld.global" not in half
     if shutil.which("ptxas"):
         log = build.ptxas_log(ptx)
         assert "serialized" not in log
@@ -119,10 +130,35 @@ def test_attention_fp8_refuses_before_launch():
         cutetma.attention_fp8(q, q, q)
     from cutetma.fp8_attention import _descale
 
-    for bad in (0.0, -1.0, float("nan"), float("inf"), torch.ones(2)):
+    cpu = torch.device("cpu")
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True, "1", torch.ones(2),
+                torch.ones(3, 2)):
         with pytest.raises(ValueError):
-            _descale("v_descale", bad)
-    assert _descale("q_descale", torch.tensor(0.5)) == 0.5
+            _descale("v_descale", bad, 2, 3, cpu)
+    with pytest.raises(TypeError, match="float32"):
+        _descale("v_descale", torch.ones(2, 3, dtype=torch.int32), 2, 3, cpu)
+    with pytest.raises(ValueError, match="is on"):
+        _descale("v_descale", torch.ones(2, 3), 2, 3, torch.device("cuda", 0))
+    assert _descale("q_descale", 0.5, 2, 3, cpu) == 0.5
+    assert _descale("q_descale", torch.tensor([0.5]), 2, 3, cpu).shape == ()
+    assert _descale("q_descale", torch.ones(2, 3, dtype=torch.bfloat16), 2, 3,
+                    cpu).dtype == torch.float32
+
+
+def test_descales_tensor_layout():
+    """The kernel's (b, h_kv, 2) descales: the scores' factor q x k and the output's v per
+    (batch, K/V head), from floats, one-element tensors and (b, h_kv) tensors alike."""
+    import torch
+
+    from cutetma.fp8_attention import descales
+
+    cpu = torch.device("cpu")
+    per = torch.arange(1.0, 7.0).reshape(2, 3)
+    got = descales(per, torch.tensor(0.5), 4.0, 2, 3, cpu)
+    assert got.shape == (2, 3, 2) and got.dtype == torch.float32 and got.is_contiguous()
+    assert torch.equal(got[..., 0], per * 0.5)
+    assert torch.equal(got[..., 1], torch.full((2, 3), 4.0))
+    assert torch.equal(descales(2.0, 3.0, 0.25, 1, 1, cpu), torch.tensor([[[6.0, 0.25]]]))
 
 
 def test_fp8_benchmark_summary():

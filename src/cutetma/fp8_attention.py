@@ -1,19 +1,19 @@
 """The torch face of FP8 attention: ``attention_fp8`` (validate -> transpose V -> launch).
 
-e4m3 Q, K, V with per-tensor descale factors, as FlashAttention-3's FP8 call takes them:
+e4m3 Q, K, V with descale factors, as FlashAttention-3's FP8 call takes them:
 ``softmax(dequant(q) dequant(k)^T * scale) dequant(v)`` in bf16 or fp16, where
-``dequant(x) = x * x_descale``::
+``dequant(x) = x * x_descale`` and a descale is one number per tensor or one per
+(batch, K/V head)::
 
     out = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv)
 
-The kernel is the attention family's (``FlashAttentionSm90``) with 8-bit operands: S's
-descales fold into the softmax scale; P is rounded to e4m3 for P V (FlashAttention-3's
-choice: P <= 1 keeps e4m3's range); V goes in as V^T, keys contiguous, because WGMMA reads
-8-bit B operands K-major only, its keys in the order P's registers hold them
-(``kernels.attention.fp8_operands``; one copy of V per call, made by the ``VTranspose``
-kernel). V's descale multiplies the output afterwards (one more rounding of a 16-bit
-output). Dense K/V only: a paged cache
-would have to be kept transposed.
+The kernel is the attention family's (``FlashAttentionSm90.fp8``) with 8-bit operands:
+the descales go to the kernel as one (b, h_kv, 2) fp32 tensor, S's factor (q x k) joining
+the softmax scale and V's multiplying O with the epilogue's 1 / rowsum; P is rounded to e4m3
+for P V (FlashAttention-3's choice: P <= 1 keeps e4m3's range); V goes in as V^T, keys
+contiguous, because WGMMA reads 8-bit B operands K-major only, its keys in the order P's
+registers hold them (``kernels.attention.fp8_operands``; one copy of V per call, made by the
+``VTranspose`` kernel). Dense K/V only: a paged cache would have to be kept transposed.
 """
 
 from __future__ import annotations
@@ -38,17 +38,19 @@ HEAD_DIMS = (64, 128, 256)
 
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                  softmax_scale: float | None = None, q_descale: float = 1.0,
-                  k_descale: float = 1.0, v_descale: float = 1.0,
-                  out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False,
-                  load: str = "tma", config=None):
+                  softmax_scale: float | None = None, q_descale=1.0, k_descale=1.0,
+                  v_descale=1.0, out_dtype: torch.dtype = torch.bfloat16,
+                  return_lse: bool = False, load: str = "tma", config=None):
     """FP8 attention forward. ``q`` (b, s_q, h, d), ``k`` and ``v`` (b, s_k, h_kv, d), all
     ``torch.float8_e4m3fn``, h % h_kv == 0, d in {64, 128, 256}; causal masks bottom-right
-    aligned. Descales: positive finite Python floats (or one-element tensors), one per tensor.
-    Returns ``out`` (b, s_q, h, d) in ``out_dtype`` and, with ``return_lse``, the LSE
-    (b, h, s_q) fp32 of the descaled scores. ``load``: "tma" or "cp_async" (the producer).
-    ``config``: an ``AttentionConfig`` to run as it is (its head dim and causal flag must
-    match, its key block whole 32-key steps; it overrides ``load``)."""
+    aligned. Descales: per tensor, a positive finite Python number or a one-element tensor;
+    or per (batch, K/V head), a (b, h_kv) float tensor on q's device, FlashAttention-3's
+    convention (tensors are not read on the host, which would synchronize: their values are
+    the caller's to keep positive and finite). Returns ``out`` (b, s_q, h, d) in
+    ``out_dtype`` and, with ``return_lse``, the LSE (b, h, s_q) fp32 of the descaled scores.
+    ``load``: "tma" or "cp_async" (the producer). ``config``: an ``AttentionConfig`` to run
+    as it is (its head dim and causal flag must match, its key block whole 32-key steps; it
+    overrides ``load``)."""
     from cutetma.kernels.attention import AttentionConfig
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -67,9 +69,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim {d}: supported are {HEAD_DIMS}")
-    descales = [_descale(name, x) for name, x in (("q_descale", q_descale),
-                                                  ("k_descale", k_descale),
-                                                  ("v_descale", v_descale))]
+    descale = descales(q_descale, k_descale, v_descale, b, h_kv, q.device)
     cfg = attention_config(config, AttentionConfig, d, causal, lambda: AttentionConfig(
         head_dim=d, causal=causal, load=gemm_tuning.check_load(load), **FP8_TILE.get(d, {})))
     if cfg.block_n % 32:
@@ -83,16 +83,13 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     q, k = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
             for x in (q, k))
     vt = v_operand(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
-    scale = (softmax_scale if softmax_scale is not None else d ** -0.5)
-    scale *= descales[0] * descales[1]
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
     strides = (*(q.stride(i) for i in (1, 2, 0)), *(k.stride(i) for i in (1, 2, 0)),
                vt.stride(2), vt.stride(1), vt.stride(0), *(out.stride(i) for i in (1, 2, 0)))
-    launch = runtime.attention_launch(FP8, cfg, out_dtype)
+    launch = runtime.fp8_attention_launch(cfg, out_dtype)
     launch((q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr(),
-            b, s_q, s_k, h, h_kv, d, *strides, scale, runtime.sm_count(q.device.index),
-            torch.cuda.current_stream(q.device).cuda_stream))
-    if descales[2] != 1.0:
-        out.mul_(descales[2])
+            descale.data_ptr(), b, s_q, s_k, h, h_kv, d, *strides, scale,
+            runtime.sm_count(q.device.index), torch.cuda.current_stream(q.device).cuda_stream))
     return (out, lse) if return_lse else out
 
 
@@ -115,13 +112,35 @@ def v_operand(v: torch.Tensor, block_n: int) -> torch.Tensor:
     return vt.view(v.dtype)
 
 
-def _descale(name: str, x) -> float:
-    """A per-tensor descale as a Python float: positive and finite, or a clear error."""
+def descales(q_descale, k_descale, v_descale, b: int, h_kv: int,
+             device: torch.device) -> torch.Tensor:
+    """The kernel's descales: a (b, h_kv, 2) fp32 tensor on ``device``, per (batch, K/V
+    head) the scores' factor (q x k) and the output's (v). Each input is a Python number
+    (checked positive and finite), a one-element tensor or a (b, h_kv) tensor (checked for
+    shape, dtype and device only: its values stay on the device, no synchronization)."""
+    factors = [_descale(name, x, b, h_kv, device) for name, x in (
+        ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    out = torch.empty(b, h_kv, 2, device=device, dtype=torch.float32)
+    for slot, value in ((0, factors[0] * factors[1]), (1, factors[2])):
+        if isinstance(value, torch.Tensor):
+            out[..., slot].copy_(value)
+        else:
+            out[..., slot].fill_(value)
+    return out
+
+
+def _descale(name: str, x, b: int, h_kv: int, device: torch.device):
+    """One descale input as a Python float (positive and finite) or an fp32 tensor that
+    broadcasts to (b, h_kv) on ``device``; a clear error otherwise."""
     if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise ValueError(f"{name}: one value per tensor (per-tensor scaling), got "
-                             f"{tuple(x.shape)}")
-        x = x.item()
-    if not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
-        raise ValueError(f"{name}={x!r}: a positive finite number")
+        if x.numel() != 1 and tuple(x.shape) != (b, h_kv):
+            raise ValueError(f"{name}: one value (per tensor) or one per (batch, K/V head), "
+                             f"shape ({b}, {h_kv}); got {tuple(x.shape)}")
+        if not x.is_floating_point() or x.dtype in (FP8, torch.float8_e5m2):
+            raise TypeError(f"{name}: a float32 (or 16-bit float) tensor, got {x.dtype}")
+        if x.device != device:
+            raise ValueError(f"{name} is on {x.device}, q on {device}")
+        return x.reshape(()) if x.numel() == 1 else x.float()
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name}={x!r}: a positive finite number (or a tensor)")
     return float(x)

@@ -300,13 +300,17 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
                   cute.sym_int64(divisibility=16))
         return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
-    fp8 = dtype.width == 8
     lse = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),) * 3,
                            (1, cute.sym_int64(), cute.sym_int64()), assumed_align=4)
-    return dsl.compile_ptx(FlashAttentionSm90(cfg), qkv(), qkv(),
-                           v_transposed() if fp8 else qkv(),
-                           qkv(cutlass.BFloat16 if fp8 else dtype), lse,
-                           cutlass.Float32(0.125), cutlass.Int32(132), make_fake_stream())
+    kernel = FlashAttentionSm90(cfg)
+    if dtype.width == 8:  # e4m3: V^T, a bf16 output and the (2, h_kv, b) descales
+        descale = make_fake_tensor(cutlass.Float32, (2, cute.sym_int32(), cute.sym_int32()),
+                                   (1, 2, cute.sym_int64()), assumed_align=4)
+        return dsl.compile_ptx(kernel.fp8, qkv(), qkv(), v_transposed(),
+                               qkv(cutlass.BFloat16), lse, descale, cutlass.Float32(0.125),
+                               cutlass.Int32(132), make_fake_stream())
+    return dsl.compile_ptx(kernel, qkv(), qkv(), qkv(), qkv(), lse, cutlass.Float32(0.125),
+                           cutlass.Int32(132), make_fake_stream())
 
 
 @functools.cache

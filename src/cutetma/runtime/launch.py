@@ -118,6 +118,14 @@ class AttentionLaunch(PointerLaunch):
              + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
 
 
+class Fp8AttentionLaunch(PointerLaunch):
+    """``FlashAttentionSm90.fp8_from_pointers``: ``AttentionLaunch``'s arguments with the
+    descales (b, h_kv, 2) fp32 after the LSE (V: V^T, its strides (d, head, batch))."""
+
+    SLOTS = ((ctypes.c_void_p,) * 6 + (ctypes.c_int32,) * 6 + (ctypes.c_int64,) * 12
+             + (ctypes.c_float, ctypes.c_int32, ctypes.c_void_p))
+
+
 class PagedAttentionLaunch(PointerLaunch):
     """``FlashAttentionSm90.paged_from_pointers``: Q, K pool, V pool, O, LSE, page table,
     cache lengths; batch, s_q, heads, kv heads, head dim, pages, max pages; the strides of
@@ -246,23 +254,34 @@ def scaled_gemm_launch(c_dtype, cfg, clusters: int, workspace=()):
     return cached(("scaled_gemm", c_dtype, cfg, clusters), build)
 
 
-def attention_launch(dtype: torch.dtype, cfg,
-                     out_dtype: torch.dtype | None = None) -> AttentionLaunch:
+def attention_launch(dtype: torch.dtype, cfg) -> AttentionLaunch:
     """The ``AttentionLaunch`` of this (dtype, configuration), compiled on its first use
-    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values. The
-    output is ``out_dtype`` (default ``dtype``; e4m3 inputs write bf16 or fp16)."""
-    out_dtype = out_dtype or dtype
+    (``FlashAttentionSm90.from_pointers``); sizes and strides are runtime values."""
 
     def build():
         cutlass, stream = _dsl()
-        args = (*[typed_pointer(dtype) for _ in range(3)], typed_pointer(out_dtype),
-                typed_pointer(torch.float32, 4),
+        args = (*[typed_pointer(dtype) for _ in range(4)], typed_pointer(torch.float32, 4),
                 *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), stream)
         return _compiled(AttentionLaunch, "cutetma.kernels.attention",
                          "FlashAttentionSm90.from_pointers", (cfg,), repr(cfg), args)
 
-    return cached(("attention", dtype, cfg) if out_dtype == dtype
-                  else ("attention", dtype, cfg, out_dtype), build)
+    return cached(("attention", dtype, cfg), build)
+
+
+def fp8_attention_launch(cfg, out_dtype: torch.dtype) -> Fp8AttentionLaunch:
+    """The ``Fp8AttentionLaunch`` of this configuration with e4m3 operands and an
+    ``out_dtype`` (bf16 or fp16) output, compiled on its first use."""
+
+    def build():
+        cutlass, stream = _dsl()
+        args = (*[typed_pointer(torch.float8_e4m3fn) for _ in range(3)],
+                typed_pointer(out_dtype), typed_pointer(torch.float32, 4),
+                typed_pointer(torch.float32, 4),
+                *(1,) * 18, cutlass.Float32(1.0), cutlass.Int32(1), stream)
+        return _compiled(Fp8AttentionLaunch, "cutetma.kernels.attention",
+                         "FlashAttentionSm90.fp8_from_pointers", (cfg,), repr(cfg), args)
+
+    return cached(("fp8_attention", cfg, out_dtype), build)
 
 
 def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:

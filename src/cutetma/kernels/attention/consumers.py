@@ -141,6 +141,12 @@ class Consumers:
             tOrP = cute.make_rmem_tensor(cute.make_layout(
                 ((2, 2, 2), 1, p_steps), stride=((1, 2, 4), 0, 8)), dtype)
             tOrP_as_s = cute.make_tensor(tOrP.iterator, acc_s.layout)
+        out_scale = None
+        if cutlass.const_expr(fp8):
+            # the descales of this (K/V head, batch): the scores' joins the softmax scale,
+            # the output's the epilogue's 1 / rowsum (no pass over O afterwards)
+            scale_log2 = scale_log2 * prob.descale[0, head, batch]
+            out_scale = prob.descale[1, head, batch]
         q_stage, q_phase = self._q_slot(local)
         cute.arch.mbarrier_wait(q_full + q_stage, q_phase)
         if cutlass.const_expr(cfg.load == "cp_async" or cfg.gathers_q):
@@ -243,18 +249,25 @@ class Consumers:
         if cutlass.const_expr(cfg.varlen_q):
             out_batch = split  # the partial's batch mode is the split's; else 0
         epilogue(cfg, acc_o, row_max, row_sum, self._sequence_rows(mO, q_start),
-                 self._sequence_rows(mLSE, q_start), head, out_batch, row0, rows, scale_log2)
+                 self._sequence_rows(mLSE, q_start), head, out_batch, row0, rows, scale_log2,
+                 out_scale)
 
     @cute.jit
     def _to_p(self, acc_s, tOrP, p_order):
         """P (in acc_s, fp32) into its A fragment in the inputs' dtype: as it lies (16-bit:
         ``tOrP`` is a view of it with acc_s's layout), or (e4m3) value i from S value
-        ``p_order[i]``."""
+        ``p_order[i]``, converted as one vector."""
         if cutlass.const_expr(p_order is None):
             tOrP.store(acc_s.load().to(tOrP.element_type))
         else:
+            # the values renamed into A's order first (free: registers), then converted as
+            # one vector, so each pair of neighbours becomes one e4m3x2 conversion into the
+            # byte lanes it keeps (converted one by one, every value took its own conversion
+            # and byte shuffles: docs/perf-log.md)
+            staged = cute.make_rmem_tensor(tOrP.layout, cutlass.Float32)
             for i in cutlass.range_constexpr(len(p_order)):
-                tOrP[i] = acc_s[p_order[i]].to(tOrP.element_type)
+                staged[i] = acc_s[p_order[i]]
+            tOrP.store(staged.load().to(tOrP.element_type))
 
     @cute.jit
     def _zero_v_tail(self, sV, stage, keys):

@@ -16,8 +16,10 @@ QUAD_TRANSPOSE_STEPS = tuple((m, a, a | m) for m in (1, 2) for a in range(4) if 
 
 
 @cute.jit
-def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q, scale_log2):
+def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q, scale_log2,
+             out_scale=None):
     """O /= rowsum, LSE = max * scale + ln(rowsum); O by 16-byte stores from registers.
+    ``out_scale`` (e4m3: V's descale) multiplies O with the 1 / rowsum.
 
     The accumulator gives a thread two columns of every 8 (2 quad, 2 quad + 1) of rows r and
     r + 8, so storing it as it lies takes d / 2 four-byte stores per thread, each writing
@@ -36,6 +38,8 @@ def epilogue(cfg, acc_o, row_max, row_sum, mO, mLSE, head, batch, row0, seqlen_q
         inv = 0.0
         if total[r] > 0.0:
             inv = cute.arch.rcp_approx(total[r])
+        if cutlass.const_expr(out_scale is not None):
+            inv = inv * out_scale
         row = row0 + 8 * r
         if cutlass.const_expr(mO.element_type == cutlass.Float32):
             if row < seqlen_q:

@@ -27,7 +27,8 @@ class _Problem:
     column (s_q, or group x s_q packed; varlen_q: the longest sequence's), ``seqlen_q``
     (queries), ``group`` (packed rows per query: pack_gqa's group, else 1), ``heads`` (h,
     or h_kv packed), ``batches``, ``splits`` (split_kv), ``seqlen_k`` (dense keys),
-    ``cu_seqlens_q`` (varlen_q's query offsets). A plain holder: the kernel's helpers are
+    ``cu_seqlens_q`` (varlen_q's query offsets), ``descale`` (e4m3: the (2, h, b) descale
+    factors, the scores' and the output's; else unread). A plain holder: the kernel's helpers are
     inlined, so it never crosses a compiled boundary."""
 
     def __init__(self, **sizes):
@@ -51,6 +52,17 @@ class FlashAttentionSm90(Producers, Consumers):
         self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, 1, stream)
 
     @cute.jit
+    def fp8(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+            mLSE: cute.Tensor, mDescale: cute.Tensor, softmax_scale: cutlass.Float32,
+            sm_count: cutlass.Int32, stream: cuda.CUstream):
+        """``__call__`` with e4m3 Q, K and V^T (``fp8_operands.transpose_v``: mV is
+        (keys, d, h_kv, b), keys contiguous) and their descale factors: mDescale (2, h_kv, b)
+        fp32, per (K/V head, batch) the factor of the scores (q_descale x k_descale) and of
+        the output (v_descale), FlashAttention-3's per-(batch, kv-head) convention."""
+        self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, 1, stream,
+                     mDescale=mDescale)
+
+    @cute.jit
     def paged(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
               mLSE: cute.Tensor, mPageTable: cute.Tensor, mSeqlensK: cute.Tensor,
               softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
@@ -70,9 +82,11 @@ class FlashAttentionSm90(Producers, Consumers):
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                num_splits, stream, mCuSeqlensQ=None, max_seqlen_q=None):
+                num_splits, stream, mCuSeqlensQ=None, max_seqlen_q=None, mDescale=None):
         cfg = self.cfg
         dtype = mQ.element_type
+        if cutlass.const_expr((dtype.width == 8) != (mDescale is not None)):
+            raise ValueError("descale factors go with e4m3 operands (FlashAttentionSm90.fp8)")
         # Q, K, V: strides checked by the torch face; O: made there like Q (empty_like), so
         # its strides are as aligned as Q's (the epilogue's 16-byte stores rely on it)
         mQ, mK, mV, mO = (self._aligned_strides(x) for x in (mQ, mK, mV, mO))
@@ -88,6 +102,11 @@ class FlashAttentionSm90(Producers, Consumers):
         # GQA: head hq reads key/value head hq // group, a stride-0 mode over the group
         mK = self._broadcast_heads(mK, group)
         mV = self._broadcast_heads(mV, group)
+        if cutlass.const_expr(mDescale is not None):
+            # (2, h_kv, b) -> (2, (group, h_kv), b): indexed by the tile's query head
+            mDescale = cute.make_tensor(mDescale.iterator, cute.make_layout(
+                (2, (group, mDescale.shape[1]), mDescale.shape[2]),
+                stride=(mDescale.stride[0], (0, mDescale.stride[1]), mDescale.stride[2])))
         mVt = cute.make_tensor(mV.iterator, cute.make_layout(
             (mV.shape[1], mV.shape[0], mV.shape[2], mV.shape[3]),
             stride=(mV.stride[1], mV.stride[0], mV.stride[2], mV.stride[3])))  # (d, s_k, h, b)
@@ -155,10 +174,12 @@ class FlashAttentionSm90(Producers, Consumers):
         # from Q's shape and takes neither
         if cutlass.const_expr(not cfg.varlen_q):
             mCuSeqlensQ, max_seqlen_q = mSeqlensK, cutlass.Int32(0)
+        if cutlass.const_expr(mDescale is None):  # 16-bit: none, the LSE in its place, unread
+            mDescale = mLSE
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE,
                     mPageTable, mSeqlensK, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
                     mK.shape[0], softmax_scale * LOG2_E, num_splits, mCuSeqlensQ,
-                    max_seqlen_q).launch(
+                    max_seqlen_q, mDescale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -178,6 +199,38 @@ class FlashAttentionSm90(Producers, Consumers):
         gives (every size a dynamic Int32, every stride but d's a dynamic Int64), so the
         kernel is the same; a launch then passes scalars instead of five DLPack tensors,
         which lets ``cutetma.attention`` skip the DSL's per-call argument conversion."""
+        self(*self._dense_views(pQ, pK, pV, pO, pLSE, batch, seqlen_q, seqlen_k, heads,
+                                heads_kv, head_dim, q_s, q_h, q_b, k_s, k_h, k_b, v_s, v_h, v_b,
+                                o_s, o_h, o_b), softmax_scale, sm_count, stream)
+
+    @cute.jit
+    def fp8_from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
+                          pO: cute.Pointer, pLSE: cute.Pointer, pDescale: cute.Pointer,
+                          batch: cutlass.Int32, seqlen_q: cutlass.Int32,
+                          seqlen_k: cutlass.Int32, heads: cutlass.Int32,
+                          heads_kv: cutlass.Int32, head_dim: cutlass.Int32,
+                          q_s: cutlass.Int64, q_h: cutlass.Int64, q_b: cutlass.Int64,
+                          k_s: cutlass.Int64, k_h: cutlass.Int64, k_b: cutlass.Int64,
+                          v_s: cutlass.Int64, v_h: cutlass.Int64, v_b: cutlass.Int64,
+                          o_s: cutlass.Int64, o_h: cutlass.Int64, o_b: cutlass.Int64,
+                          softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
+                          stream: cuda.CUstream):
+        """``fp8`` from pointers, as ``from_pointers``; the descales a contiguous
+        (b, h_kv, 2) fp32 tensor."""
+        mDescale = cute.make_tensor(pDescale, cute.make_layout(
+            (2, heads_kv, batch), stride=(1, 2, 2 * heads_kv)))
+        mQ, mK, mV, mO, mLSE = self._dense_views(pQ, pK, pV, pO, pLSE, batch, seqlen_q,
+                                                 seqlen_k, heads, heads_kv, head_dim, q_s, q_h,
+                                                 q_b, k_s, k_h, k_b, v_s, v_h, v_b, o_s, o_h,
+                                                 o_b)
+        self.fp8(mQ, mK, mV, mO, mLSE, mDescale, softmax_scale, sm_count, stream)
+
+    @staticmethod
+    def _dense_views(pQ, pK, pV, pO, pLSE, batch, seqlen_q, seqlen_k, heads, heads_kv,
+                     head_dim, q_s, q_h, q_b, k_s, k_h, k_b, v_s, v_h, v_b, o_s, o_h, o_b):
+        """Q, K, V, O as (s, d, h, b) views of (b, s, h, d) tensors (e4m3 V: V^T, keys
+        contiguous, ``v_s`` d's stride) and the LSE (s_q, h, b) of a contiguous (b, h, s_q)
+        one: what ``from_pointers`` and ``fp8_from_pointers`` hand their entries."""
         def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
             return cute.make_tensor(pointer, cute.make_layout(
                 (seqlen, head_dim, count, batch), stride=(s, 1, h, b)))
@@ -192,8 +245,9 @@ class FlashAttentionSm90(Producers, Consumers):
             keys = (seqlen_k + 31) // 32 * 32
             mV = cute.make_tensor(pV, cute.make_layout((keys, head_dim, heads_kv, batch),
                                                        stride=(1, v_s, v_h, v_b)))
-        self(view(pQ, seqlen_q, heads, q_s, q_h, q_b), view(pK, seqlen_k, heads_kv, k_s, k_h, k_b),
-             mV, view(pO, seqlen_q, heads, o_s, o_h, o_b), mLSE, softmax_scale, sm_count, stream)
+        return (view(pQ, seqlen_q, heads, q_s, q_h, q_b),
+                view(pK, seqlen_k, heads_kv, k_s, k_h, k_b), mV,
+                view(pO, seqlen_q, heads, o_s, o_h, o_b), mLSE)
 
     @cute.jit
     def paged_from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
@@ -284,7 +338,8 @@ class FlashAttentionSm90(Producers, Consumers):
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32, num_splits: cutlass.Int32,
-               mCuSeqlensQ: cute.Tensor, max_seqlen_q: cutlass.Int32):
+               mCuSeqlensQ: cute.Tensor, max_seqlen_q: cutlass.Int32,
+               mDescale: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -325,7 +380,8 @@ class FlashAttentionSm90(Producers, Consumers):
         rows = cute.size(mO, mode=[0])
         prob = _Problem(rows=rows, seqlen_q=rows, group=1, heads=mO.shape[2],
                         batches=mQ.shape[3] if cutlass.const_expr(cfg.split_kv) else mO.shape[3],
-                        splits=num_splits, seqlen_k=seqlen_k, cu_seqlens_q=mCuSeqlensQ)
+                        splits=num_splits, seqlen_k=seqlen_k, cu_seqlens_q=mCuSeqlensQ,
+                        descale=mDescale)
         if cutlass.const_expr(cfg.pack_gqa):
             prob.group, prob.seqlen_q = mO.shape[0][0], mO.shape[0][1]
         if cutlass.const_expr(cfg.varlen_q):
