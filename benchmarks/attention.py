@@ -21,9 +21,9 @@ other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``).
 ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
 those columns (both dtypes) and cuDNN: an A/B in a few minutes. ``--custom
 NAME=field:value,...`` adds a column with any AttentionConfig fields, ``--seqlens`` and
-``--masks`` narrow the grid; ``--peer-cells`` adds ``PEER_CELLS`` (bf16; GQA rows carry
-``h_kv``), the shapes where FlashAttention-4 led. Every peer is checked against cuDNN's
-output before it is timed.
+``--masks`` narrow the grid; ``--peer-cells`` adds ``PEER_CELLS`` of those head dims
+(bf16; GQA rows carry ``h_kv``), the shapes where FlashAttention-4 led. Every peer is
+checked against cuDNN's output before it is timed.
 Writes ``attention.json`` and ``attention.png`` into --out (``--no-grid``:
 ``attention_peers.json``, the peer cells alone). ``--backward``: the backward's grid instead
 (``attention_bwd.py``).
@@ -129,7 +129,7 @@ def fa4():
 
 def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
             rounds: int = FINAL_ROUNDS, shape=None) -> dict:
-    """One cell: cuDNN, FA2 and FA4 (the peers not with ``chosen`` or ``custom``), then ours
+    """One cell: cuDNN, FA2 (not with ``chosen`` or ``custom``) and FA4, then ours
     (``variants``), then ``rounds`` alternating rounds of cuDNN, FA4 and the headline
     columns (``FINAL_ROUNDS``). ``shape``: (b, h, h_kv), else the grid's 16k tokens and
     h = 2048 / d."""
@@ -165,7 +165,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
             row[name] = flops / timed[name][1][0] / 1e9
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    peer, why = fa4() if chosen is None and not custom else (None, None)
+    peer, why = fa4()  # the strongest peer, beside every column set
     if peer is not None:
         def fa4_call():
             return peer.flash_attn_func(q, k, v, causal=causal)[0]
@@ -392,7 +392,7 @@ def main(argv=None):
     name = "attention_peers" if args.no_grid else "attention"  # the results file
     rows = []
     if args.peer_cells:
-        todo += [("bfloat16", cell) for cell in PEER_CELLS]
+        todo += [("bfloat16", cell) for cell in PEER_CELLS if cell[4] in args.head_dims]
     for dtype, cell in progress(todo, len(todo)):
         if len(cell) == 3:
             d, s, causal = cell

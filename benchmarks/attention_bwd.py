@@ -11,6 +11,10 @@ contender's whole backward is timed from the forward's saved tensors (ours: D, t
 dQ's conversion; the peers through autograd, every kernel they launch), as CUDA-graph replays
 (``gemm.bench``), then again in alternating rounds (``attention.final_rounds``). Gradients are
 checked against cuDNN's first. Writes ``attention_bwd.json`` and ``attention_bwd.png``.
+
+``--layer``: a training layer's whole step instead, forward and backward through autograd
+for every contender (ours: ``cutetma.attention``'s registered backward), FLOPs counted as
+3.5x the forward's; writes ``attention_layer.json``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ HEAD_DIMS = (64, 128)  # the backward's (d = 256 is not built)
 
 
 def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS,
-            shape=None, custom=()) -> dict:
+            shape=None, custom=(), layer: bool = False) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -37,12 +41,18 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
     t = getattr(torch, dtype)
     b, h = shape or (TOKENS // s, 2048 // d)
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=t) for _ in range(4))
-    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    flops = (3.5 if layer else 2.5) * 4 * b * h * s * s * d / (2 if causal else 1)
     row = {"dtype": dtype, "d": d, "s": s, "b": b, "h": h, "causal": causal}
+    if layer:
+        row["pass"] = "forward+backward"
     timed = {}
 
     def autograd_call(forward):
         leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        if layer:  # the forward inside the timed call
+            def call():
+                return torch.autograd.grad(forward(*leaves), leaves, dout)
+            return call
         out = forward(*leaves)
 
         def call():
@@ -71,9 +81,13 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
         row["fa4_error"] = why
     out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
     for load in ("tma", "cp_async"):
+        if layer:
+            contenders.append((load, lambda load=load: autograd_call(
+                lambda q, k, v: cutetma.attention(q, k, v, causal=causal, load=load))))
+            continue
         contenders.append((load, lambda load=load: lambda: cutetma.attention_backward(
             dout, q, k, v, out, lse, causal=causal, load=load)))
-    for name, fields in custom:  # candidate BackwardConfigs beside the defaults
+    for name, fields in custom if not layer else ():  # candidate BackwardConfigs
         config = BackwardConfig(head_dim=d, causal=causal, **fields)
         contenders.append((name, lambda config=config: lambda: cutetma.attention_backward(
             dout, q, k, v, out, lse, causal=causal, config=config)))
@@ -100,24 +114,26 @@ def summarize(rows) -> dict:
     return {**ratio_summary(rows, "tma", "fa4"), **ratio_summary(rows, "tma", "cudnn")}
 
 
-def plot(rows, path: Path):
+def plot(rows, path: Path, keys=("tma", "cp_async", "fa4", "cudnn"),
+         ylabel: str = "TFLOP/s (2.5x forward FLOPs)",
+         title: str = "attention backward, bf16, H200"):
+    """One bar per contender (``keys``) per row, rows labelled by head dim, length, mask."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ("tma", "cp_async", "fa4", "cudnn")
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
-    width = 0.2
+    width = 0.8 / len(keys)
     for i, key in enumerate(keys):
-        ax.bar([j + (i - 1.5) * width for j in range(len(rows))],
+        ax.bar([j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))],
                [r.get(key) or 0 for r in rows], width, label=key)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"d{r['d']} s{r['s']}\n{'causal' if r['causal'] else ''}"
                         for r in rows], fontsize=7)
-    ax.set_ylabel("TFLOP/s (2.5x forward FLOPs)")
-    ax.set_title("attention backward, bf16, H200", fontsize=9)
-    ax.legend(fontsize=7, ncol=4)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=len(keys))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -127,6 +143,8 @@ def main(argv=None):
     ap = grid_parser(__doc__.splitlines()[0], HEAD_DIMS, SEQLENS, "BackwardConfig",
                      "s1=stages:1")
     ap.add_argument("--causal-only", action="store_true")
+    ap.add_argument("--layer", action="store_true",
+                    help="forward + backward through autograd (attention_layer.json)")
     args = ap.parse_args(argv)
     from cutetma import results
 
@@ -134,11 +152,17 @@ def main(argv=None):
     todo = [(d, s, causal) for d in args.head_dims for s in seqlens
             for causal in ((True,) if args.causal_only else (False, True))]
     out, rows, t0 = Path(args.out), [], time.time()
+    name = "attention_layer" if args.layer else "attention_bwd"
     for d, s, causal in progress(todo, len(todo)):
-        rows.append(measure("bfloat16", d, s, causal, args.rounds, custom=args.custom))
-        results.write("attention_bwd", rows, out, extra_meta={"complete": False})
-    plot(rows, out / "attention_bwd.png")
-    results.finish("attention_bwd", rows, out, summarize(rows), t0)
+        rows.append(measure("bfloat16", d, s, causal, args.rounds, custom=args.custom,
+                            layer=args.layer))
+        results.write(name, rows, out, extra_meta={"complete": False})
+    if args.layer:
+        plot(rows, out / f"{name}.png", ylabel="TFLOP/s (3.5x forward FLOPs)",
+             title="attention forward + backward, bf16, H200")
+    else:
+        plot(rows, out / f"{name}.png")
+    results.finish(name, rows, out, summarize(rows), t0)
     return 0
 
 

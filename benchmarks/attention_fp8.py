@@ -9,7 +9,8 @@ at least 1.4x our bf16 at d = 128 and 256, s >= 4k (FA3 on the H100: about 1.6x 
 The FP8 output is checked against the bf16 one first (10% of its largest value: P in e4m3).
 ``--custom NAME=field:value,..``: a column of ours with those AttentionConfig fields.
 Times: CUDA-graph replays (``gemm.bench``), then ``--rounds`` alternating rounds; a cell's
-figure is the median of its timings. Writes ``attention_fp8.json``.
+figure is the median of its timings. Writes ``attention_fp8.json`` and
+``attention_fp8.png`` (``--replot JSON``: both again from a results file).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS, custom=())
     import torch
 
     import cutetma
-    from cutetma.fp8_attention import v_operand
+    from cutetma.fp8_attention import fp8_config, v_operand
 
     b, h = TOKENS // s, 2048 // d
     fp8 = []
@@ -48,7 +49,7 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS, custom=())
         calls[load] = lambda load=load: cutetma.attention_fp8(
             q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv, causal=causal, load=load)
     for name, fields in custom:  # candidate AttentionConfigs beside the default
-        config = cutetma.AttentionConfig(head_dim=d, causal=causal, **fields)
+        config = fp8_config(d, causal, **fields)
         calls[name] = lambda config=config: cutetma.attention_fp8(
             q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv, causal=causal, config=config)
     want = calls["bf16"]().float()
@@ -73,25 +74,51 @@ def measure(d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS, custom=())
     row.update({name: flops / statistics.median(ms) / 1e9 for name, ms in timed.items()})
     # the per-call V^T (``v_operand``, the VTranspose kernel), inside the fp8 columns'
     # times: its share
-    block_n = 64 if d == 256 else 128
-    row["v_transpose_ms"] = bench(lambda: v_operand(v8, block_n))
+    row["v_transpose_ms"] = bench(lambda: v_operand(v8, fp8_config(d, causal).block_n))
     row["rounds"] = 1 + rounds
     return row
 
 
 def summarize(rows) -> dict:
-    def long(r):
-        return r["s"] >= 4096
+    """FP8 over bf16 at s >= 4k (the issue's cells), over both head dims and per head dim."""
+    summary = {}
+    for d in (None, *sorted({r["d"] for r in rows})):
+        suffix = "_s>=4k" + (f"_d{d}" if d else "")
 
-    return {**ratio_summary(rows, "tma", "bf16", "_s>=4k", long),
-            **ratio_summary(rows, "cp_async", "bf16", "_s>=4k", long)}
+        def long(r, d=d):
+            return r["s"] >= 4096 and d in (None, r["d"])
+
+        summary.update({**ratio_summary(rows, "tma", "bf16", suffix, long),
+                        **ratio_summary(rows, "cp_async", "bf16", suffix, long)})
+    return summary
+
+
+def plot(rows, path: Path):
+    from attention_bwd import plot as bars
+
+    bars(rows, path, ("tma", "cp_async", "bf16"), "TFLOP/s (4 b h s^2 d, causal halved)",
+         "attention forward, e4m3 (tma, cp_async) vs our bf16, H200")
 
 
 def main(argv=None):
     ap = grid_parser(__doc__.splitlines()[0], HEAD_DIMS, SEQLENS, "AttentionConfig",
                      "n192=block_n:192")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="redo the summary and the PNG (next to the JSON) from a results "
+                         "file; no GPU")
     args = ap.parse_args(argv)
     from cutetma import results
+
+    if args.replot:
+        import json
+
+        path = Path(args.replot)
+        data = json.loads(path.read_text())
+        data["meta"]["summary"] = summarize(data["rows"])
+        path.write_text(results.dumps(data))
+        plot(data["rows"], path.with_suffix(".png"))
+        print(f"wrote {path} (summary), {path.with_suffix('.png')}")
+        return 0
 
     seqlens = [4096, 8192] if args.quick else args.seqlens
     todo = [(d, s, causal) for d in args.head_dims for s in seqlens for causal in (False, True)]
@@ -99,6 +126,7 @@ def main(argv=None):
     for d, s, causal in progress(todo, len(todo)):
         rows.append(measure(d, s, causal, args.rounds, args.custom))
         results.write("attention_fp8", rows, out, extra_meta={"complete": False})
+    plot(rows, out / "attention_fp8.png")
     results.finish("attention_fp8", rows, out, summarize(rows), t0)
     return 0
 

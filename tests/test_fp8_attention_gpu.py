@@ -53,8 +53,11 @@ def assert_within_budget(out, lse, dequantized, causal):
     bf16_ulp = 2.0 ** -8 * ref.abs()
     assert err.max() <= 2 * budget.max() + bf16_ulp.max(), (err.max(), budget.max())
     assert err.mean() <= 2 * budget.mean() + bf16_ulp.mean(), (err.mean(), budget.mean())
+    # the LSE follows the row's largest score, which FP8 WGMMA accumulates with a relative
+    # error of order 1e-4 (its reduced-precision accumulation: the promotion question of the
+    # scaled GEMM), so the bound grows with the scores' magnitude
     finite = ref_lse.isfinite()
-    assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=0)
+    assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-2, rtol=1e-3)
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
@@ -97,7 +100,8 @@ def test_descales_per_batch_and_kv_head(load):
     """Descales per (batch, K/V head), FlashAttention-3's convention: every (batch, K/V
     head) slice of Q, K and V quantised with its own scale, the scales spread over 2^-6 ..
     2^6, so a descale read for another slice (or another slice's query heads) is off by
-    orders of magnitude. One-element tensors and floats mix with them."""
+    orders of magnitude (and the scores reach thousands). One-element tensors and floats
+    mix with them."""
     import torch
 
     import cutetma

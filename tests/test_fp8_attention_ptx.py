@@ -85,11 +85,11 @@ def test_fp8_attention_ptx(d, causal, load):
     import re
     import shutil
 
-    from cutetma.fp8_attention import FP8_TILE
+    from cutetma.fp8_attention import fp8_config
     from cutetma.kernels import build
     from cutetma.kernels.attention.config import AttentionConfig
 
-    cfg = AttentionConfig(head_dim=d, causal=causal, load=load, **FP8_TILE.get(d, {}))
+    cfg = fp8_config(d, causal, load)
     ptx = build.compile_attention(cfg, "Float8E4M3FN").ptx
     half = build.compile_attention(AttentionConfig(head_dim=d, causal=causal, load=load),
                                    "BFloat16").ptx
@@ -111,7 +111,10 @@ def test_fp8_attention_ptx(d, causal, load):
     if shutil.which("ptxas"):
         log = build.ptxas_log(ptx)
         assert "serialized" not in log
-        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) == 0
+        # d = 256's 128-key TMA tile spills one register (4 bytes) and measured 1.49x our
+        # bf16 against 1.12x for the spill-free 64-key tile (docs/design.md, "FP8 attention")
+        allowed = 4 if (d, load) == (256, "tma") else 0
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) <= allowed
 
 
 def test_attention_fp8_refuses_before_launch():

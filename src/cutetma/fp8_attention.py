@@ -26,11 +26,20 @@ from cutetma import runtime
 from cutetma.checks import attention_config, check_operand, tma_rows_aligned
 from cutetma.tuning import gemm as gemm_tuning
 
-# the tile with e4m3 operands per head dim (AttentionConfig fields; unnamed: the 16-bit
-# tables'). 8-bit stages take half the bytes: at d = 128 three 128-key stages fit where two
-# 16-bit ones do (measured 1.01-1.05x two stages, and 192-key stages no faster: docs/design.md,
-# "FP8 attention"); at d = 256 the 16-bit tile's 80 keys are not whole 32-key WGMMA steps
-FP8_TILE = {128: {"block_n": 128, "stages": 3}, 256: {"block_n": 64}}
+# (block_n, stages) with e4m3 operands per (head dim, load); unnamed: the 16-bit tables'.
+# 8-bit stages take half the bytes, so FP8 affords wider key blocks, and they are what it
+# needs: with the GEMMs at twice the rate, the per-block softmax and barrier overhead is the
+# cost, and a wider block amortises it. d = 128: three 192-key stages (FlashAttention-3's FP8
+# block), 1.30x our bf16 at s >= 4k where 128-key stages gave 1.21x (224 and 256 keys slower,
+# 160 ties non-causal and loses causal); d = 256: two 128-key stages, 1.49x where 64-key ones
+# gave 1.12x. cp.async at d = 256 keeps 96-key stages: with its 232-register consumers ptxas
+# serializes the 128-key tile's WGMMAs (docs/design.md, "FP8 attention")
+FP8_TILE = {(128, "tma"): (192, 3), (128, "cp_async"): (192, 3),
+            (256, "tma"): (128, 2), (256, "cp_async"): (96, 3)}
+# where P V's wait goes late (PV_WAIT): only there it compiles without spills (the late wait
+# keeps P_{j-1}'s registers alive across the next block's S) and it measured 4-8% faster
+# (the early wait elsewhere: ties non-causal, and the late one spills 52-88 bytes)
+FP8_PV_WAIT_LATE = {(128, "tma", True)}
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -70,8 +79,8 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim {d}: supported are {HEAD_DIMS}")
     descale = descales(q_descale, k_descale, v_descale, b, h_kv, q.device)
-    cfg = attention_config(config, AttentionConfig, d, causal, lambda: AttentionConfig(
-        head_dim=d, causal=causal, load=gemm_tuning.check_load(load), **FP8_TILE.get(d, {})))
+    cfg = attention_config(config, AttentionConfig, d, causal, lambda: fp8_config(
+        d, causal, gemm_tuning.check_load(load)))
     if cfg.block_n % 32:
         raise ValueError(f"config block_n={cfg.block_n}: e4m3 takes whole 32-key steps")
     out = torch.empty(b, s_q, h, d, device=q.device, dtype=out_dtype)
@@ -91,6 +100,20 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
             descale.data_ptr(), b, s_q, s_k, h, h_kv, d, *strides, scale,
             runtime.sm_count(q.device.index), torch.cuda.current_stream(q.device).cuda_stream))
     return (out, lse) if return_lse else out
+
+
+def fp8_config(head_dim: int, causal: bool = False, load: str = "tma", **fields):
+    """The ``AttentionConfig`` FP8 attention runs by default (``FP8_TILE``, 1-byte
+    stages), with any ``fields`` changed."""
+    from cutetma.kernels.attention import AttentionConfig
+
+    tile = {}
+    if (head_dim, load) in FP8_TILE:
+        block_n, stages = FP8_TILE[head_dim, load]
+        late = (head_dim, load, causal) in FP8_PV_WAIT_LATE
+        tile = {"block_n": block_n, "stages": stages, "pv_wait": "late" if late else "early"}
+    return AttentionConfig(**{"head_dim": head_dim, "causal": causal, "load": load,
+                              "element_bytes": 1, **tile, **fields})
 
 
 def v_operand(v: torch.Tensor, block_n: int) -> torch.Tensor:

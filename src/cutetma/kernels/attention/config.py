@@ -109,10 +109,15 @@ class AttentionConfig:
     # their offsets (cu_seqlens_q); the tile walk covers the longest sequence's, and a tile
     # past a shorter one's does no work. Q is gathered by rows (a sequence starts anywhere)
     varlen_q: bool = False
+    # bytes per Q / K / V element: 2 (fp16, bf16) or 1 (e4m3, ``attention_fp8``): how many
+    # K/V stages fit in shared memory (the kernel itself takes the dtype from its tensors)
+    element_bytes: int = 2
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
+        if self.element_bytes not in (1, 2):
+            raise ValueError(f"element_bytes={self.element_bytes}: 2 (16-bit) or 1 (e4m3)")
         block_m, block_n = BLOCKS[(self.head_dim, self.causal)]
         if not self.block_m:
             object.__setattr__(self, "block_m", block_m)
@@ -170,10 +175,10 @@ class AttentionConfig:
 
     @property
     def max_stages(self) -> int:
-        """K/V stages that fit beside Q's buffers (2-byte elements; 1 KiB left for the
-        barriers)."""
-        q_bytes = 2 * self.block_m * self.head_dim * self.q_stages
-        kv_bytes = 2 * 2 * self.block_n * self.head_dim
+        """K/V stages that fit beside Q's buffers (``element_bytes`` each; 1 KiB left for
+        the barriers)."""
+        q_bytes = self.element_bytes * self.block_m * self.head_dim * self.q_stages
+        kv_bytes = 2 * self.element_bytes * self.block_n * self.head_dim
         return (smem_capacity() - 1024 - q_bytes) // kv_bytes
 
     @property
