@@ -171,7 +171,11 @@ def attention_key_order() -> bool:
         summary = json.loads(path.read_text())["meta"].get("summary", {})
         ratio = summary.get("geomean_tma_over_bf16_s>=4k")
         if ratio:
-            print(f"H200 (attention_fp8.json): FP8 {ratio:.2f}x our bf16 kernel, s >= 4k")
+            per_d = ", ".join(f"d = {d} {summary[f'geomean_tma_over_bf16_s>=4k_d{d}']:.2f}x"
+                              for d in (128, 256)
+                              if f"geomean_tma_over_bf16_s>=4k_d{d}" in summary)
+            print(f"H200 (attention_fp8.json): FP8 {ratio:.2f}x our bf16 kernel, s >= 4k"
+                  + (f" ({per_d})" if per_d else ""))
     return swap and same
 
 
