@@ -65,7 +65,9 @@ FINAL_ROUNDS = 2
 PEER_CELLS = ((8, 2048, 16, 16, 128, False), (8, 2048, 16, 16, 128, True),
               (2, 8192, 16, 16, 128, False), (2, 8192, 16, 16, 128, True),
               (1, 8192, 32, 8, 128, True), (4, 4096, 16, 16, 64, False),
-              (32, 577, 16, 16, 64, False), (1, 4096, 16, 8, 256, True))
+              (32, 577, 16, 16, 64, False), (1, 4096, 16, 8, 256, True),
+              # short odd lengths (ViT-L/14 at 224 px, and its 336-px length at d = 128)
+              (64, 257, 16, 16, 64, False), (32, 577, 16, 16, 128, False))
 
 
 def cells(quick: bool, head_dims=HEAD_DIMS, seqlens=SEQLENS, masks=(False, True)):
@@ -191,8 +193,8 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
             if config is None:
                 return cutetma.attention(q, k, v, causal=causal, load=mechanism)
             cfg = AttentionConfig(head_dim=d, causal=causal, load=mechanism, **config)
-            return cutetma.attention(q, k, v, softmax_scale=d ** -0.5, config=cfg,
-                                     return_lse=True)[0]
+            return cutetma.attention(q, k, v, causal=causal, softmax_scale=d ** -0.5,
+                                     config=cfg, return_lse=True)[0]
         try:
             out = ours()
             if ref is not None:

@@ -108,6 +108,29 @@ def test_register_budgets_fit_the_register_file():
         assert ("tma", cfg.consumers) in REGISTERS
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_short_odd_lengths_take_160_key_blocks(head_dim):
+    """Non-causal keys that whole 128-key blocks do not cover, and fewer 160-key ones do, run
+    160-key blocks (ODD_KEY_BLOCK); lengths of whole blocks, causal and d = 256 keep BLOCKS'.
+    The 160-key kernel compiles as the defaults do: no spills, no serialized WGMMA."""
+    import re
+    import shutil
+
+    from cutetma.kernels.attention.config import key_block
+
+    assert [key_block(head_dim, False, s) for s in (257, 577, 1000, 4097)] == [160] * 4
+    # whole blocks; one block either way; causal; d = 256's own tile
+    assert [key_block(head_dim, False, s) for s in (128, 1024, 4096, 100)] == [128] * 4
+    assert key_block(head_dim, True, 577) == 128 and key_block(256, False, 577) == 80
+    cfg = AttentionConfig(head_dim=head_dim, block_n=key_block(head_dim, False, 577))
+    ptx = build.compile_attention(cfg, "BFloat16").ptx
+    assert "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16" in ptx
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert "serialized" not in log
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) == 0
+
+
 def test_default_schedule_is_the_measured_best():
     assert AttentionConfig(head_dim=128).schedule == "overlap"
     assert AttentionConfig(head_dim=128, causal=True).schedule == "overlap"

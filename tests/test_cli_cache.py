@@ -22,7 +22,8 @@ import pytest
 from cutetma.cli import main
 
 GEMM = "256x256x256"  # M >= 256, unsplit: the order table and its workspace
-WARM = ["cache", "warm", "--gemm", GEMM, "--attention", "64", "--dtypes", "float16"]
+# causal: one attention kernel (non-causal adds the 160-key one of short odd lengths)
+WARM = ["cache", "warm", "--gemm", GEMM, "--attention", "64,causal", "--dtypes", "float16"]
 
 
 @pytest.fixture
@@ -114,7 +115,9 @@ def test_entries_are_what_gemm_launches(monkeypatch):
     entries = warm.gemm_entries([(4096, 4096, 4096), (8192, 8192, 8192)], ["float16"])
     assert len(entries) == 1 and entries[0].problems == ((4096, 4096, 4096), (8192, 8192, 8192))
     assert len(warm.gemm_entries(warm.GEMM_PRESET)) >= 6
-    assert len(warm.attention_entries()) == 12
+    # 6 (head dim, mask) x 2 dtypes, and the 160-key blocks of short odd lengths (d 64 / 128
+    # non-causal, ODD_KEY_BLOCK) x 2 dtypes
+    assert len(warm.attention_entries()) == 16
     assert warm.probe_entries([pair]) == []  # placement is off
     # the probes a GPU warm launches: the GPC finders and each placed cluster size, not the
     # split-K entries' (split-K is never placed)
@@ -236,14 +239,14 @@ def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsy
         (p, s, v) for p in (False, True) for s in (False, True) for v in (False, True)}
     assert [e.name() for e in entries if e.op == "combine"] == ["split-KV merge bf16 d=128"]
     assert "page 16 decode, packed and split, varlen tma" in " ".join(e.name() for e in paged)
-    assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
+    assert main(["cache", "warm", "--paged", "64", "--attention", "128,causal", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     first = capsys.readouterr().out
     # 8 paged and the merge compile; the dense d = 128 kernel too, unless this process built
     # it already (its in-process registry answers first)
     counts = re.search(r"10 entries: (\d+) compiled, (\d+) already there", first)
     assert counts and int(counts[1]) >= 9, first
-    assert main(["cache", "warm", "--paged", "64", "--attention", "128", "--dtypes",
+    assert main(["cache", "warm", "--paged", "64", "--attention", "128,causal", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     assert "10 already there" in capsys.readouterr().out
 
@@ -257,7 +260,7 @@ def test_backward_entries(cache_dir, capsys):
     entries = warm.backward_entries(warm.ATTENTION_PRESET, ["bfloat16"], ["tma"])
     assert [e.name() for e in entries] == [
         f"attention backward bf16 d={d}{c} tma" for d in (64, 128) for c in ("", " causal")]
-    args = ["cache", "warm", "--attention", "64", "--backward", "--dtypes", "bfloat16",
+    args = ["cache", "warm", "--attention", "64,causal", "--backward", "--dtypes", "bfloat16",
             "--jobs", "1"]
     assert main(args) == 0
     assert re.search(r"2 entries: \d+ compiled", capsys.readouterr().out)

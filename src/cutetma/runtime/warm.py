@@ -204,13 +204,19 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
 
 
 def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
-    """The kernel ``cutetma.attention`` launches for each (head dim, causal), dtype and load
-    (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values)."""
+    """The kernels ``cutetma.attention`` launches for each (head dim, causal), dtype and load
+    (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values), and where
+    short odd key lengths take other key blocks (``ODD_KEY_BLOCK``), those too."""
     from cutetma.kernels.attention import AttentionConfig
+    from cutetma.kernels.attention.config import ODD_KEY_BLOCK
+
+    def blocks(d, causal):
+        return (0,) + ((ODD_KEY_BLOCK[d],) if d in ODD_KEY_BLOCK and not causal else ())
 
     return _distinct(Entry("attention", dtype, AttentionConfig(head_dim=d, causal=causal,
-                                                               load=load))
-                     for dtype in dtypes for load in loads for d, causal in specs)
+                                                               load=load, block_n=block_n))
+                     for dtype in dtypes for load in loads for d, causal in specs
+                     for block_n in blocks(d, causal))
 
 
 def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:

@@ -35,6 +35,15 @@ SPLIT_KV_UNSUPPORTED = {(256, "cp_async", True)}
 # shared memory). block_m=192 (three consumer warpgroups, d = 64 only) measured slower.
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
           (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 80)}
+# Key blocks by the keys' length (``key_block``): non-causal at d = 64 / 128, a length that
+# is not whole 128-key blocks and needs fewer 160-key ones runs 160-key blocks: each block
+# costs its barriers, reductions and masked tail beyond its GEMMs, and short odd lengths pay
+# it for a mostly empty last block (s = 257: 3 blocks of 128, the last with one key; 2 of
+# 160). Measured (H200, bf16 / fp16 alike, 16k tokens): d = 64 s = 257 / 577 / 1000
+# 175 / 312 / 357 vs 108 / 247 / 330 TFLOP/s, d = 128 252 / 454 / 526 vs 173 / 396 / 514;
+# where 128 divides the length 160 lost (d = 64 s = 1024 372 vs 424) or tied (4k, 16k);
+# causal lost (the diagonal no longer falls on block edges: d = 64 s = 577 144 vs 188).
+ODD_KEY_BLOCK = {64: 160, 128: 160}
 # Q buffers per (head_dim, causal), 1 where not named: two only where they measured faster
 # (at d = 128 the second buffer costs a K/V stage; d = 256 has no room for it).
 Q_STAGES = {(64, False): 2}
@@ -293,3 +302,14 @@ class BackwardConfig:
         return (elem_bytes * (2 * self.block_n * d + 2 * self.stages * self.block_m * d
                               + 2 * self.block_m * self.block_n)
                 + 4 * self.block_m * d + 2 * 4 * self.stages * self.block_m)
+
+
+def key_block(head_dim: int, causal: bool, seqlen_k: int) -> int:
+    """The key block ``cutetma.attention`` runs for keys of this length: ``BLOCKS``' unless
+    ``ODD_KEY_BLOCK`` covers fewer blocks of a length that whole blocks do not (see there)."""
+    block_n = BLOCKS[(head_dim, causal)][1]
+    odd = ODD_KEY_BLOCK.get(head_dim)
+    if (odd and not causal and seqlen_k % block_n
+            and math.ceil(seqlen_k / odd) < math.ceil(seqlen_k / block_n)):
+        return odd
+    return block_n
