@@ -30,10 +30,11 @@ from cutetma.tuning import gemm as gemm_tuning
 # 8-bit stages take half the bytes, so FP8 affords wider key blocks, and they are what it
 # needs: with the GEMMs at twice the rate, the per-block softmax and barrier overhead is the
 # cost, and a wider block amortises it. d = 128: three 192-key stages (FlashAttention-3's FP8
-# block), 1.30x our bf16 at s >= 4k where 128-key stages gave 1.21x (224 and 256 keys slower,
-# 160 ties non-causal and loses causal); d = 256: two 128-key stages, 1.49x where 64-key ones
-# gave 1.12x. cp.async at d = 256 keeps 96-key stages: with its 232-register consumers ptxas
-# serializes the 128-key tile's WGMMAs (docs/design.md, "FP8 attention")
+# block), 1.27x our bf16 at s >= 4k (attention_fp8.json) where 128-key stages gave 1.21x (224
+# and 256 keys slower, 160 ties non-causal and loses causal); d = 256: two 128-key stages,
+# 1.47x where 64-key ones gave 1.12x. cp.async at d = 256 keeps 96-key stages: with its
+# 232-register consumers ptxas serializes the 128-key tile's WGMMAs (docs/design.md, "FP8
+# attention")
 FP8_TILE = {(128, "tma"): (192, 3), (128, "cp_async"): (192, 3),
             (256, "tma"): (128, 2), (256, "cp_async"): (96, 3)}
 # where P V's wait goes late (PV_WAIT): only there it compiles without spills (the late wait
