@@ -20,7 +20,7 @@ come from
     out, lse = torch.ops.cutetma.attention(q, k, v, causal, softmax_scale, load)  # custom op
 
 The inputs are fp16 or bf16 with d in {64, 128, 256} and h a multiple of h_kv. ``lse`` has
-shape (b, h, s_q) in fp32. Only the forward pass is implemented.
+shape (b, h, s_q) in fp32. The backward pass is tutorial 13.
 
 **The computation.** For one head, ``O = softmax(Q K^T * scale) V``, with Q (s_q, d) and K, V
 (s_k, d). FlashAttention never forms the (s_q, s_k) score matrix. A CTA works on a tile of 128
@@ -624,6 +624,35 @@ def measured() -> str:
             f"{summary['cells_tma_beats_cp_async']} of {summary['cells_timed_both']}.")
 
 
+def key_blocks_by_length() -> str:
+    """Section 7: the key block ``cutetma.attention`` picks from the keys' length
+    (``key_block``), with the peer cells the H200 measured at short odd lengths."""
+    import math
+
+    from cutetma.kernels.attention.config import ODD_KEY_BLOCK, key_block
+
+    heading("7. Key blocks by length: a short odd length pays per block, not per key")
+    print("A block costs its barriers, its row max / sum reductions and (the last) a mask,")
+    print("beyond its GEMMs. Non-causal at d = 64 / 128, a length that whole 128-key blocks")
+    print(f"do not cover runs {ODD_KEY_BLOCK[64]}-key blocks when that needs fewer blocks:")
+    print(f"{'s_k':>6} {'128-key blocks':>15} {'160-key blocks':>15} {'picked':>7}")
+    for s in (197, 257, 577, 1000, 1024, 4096):
+        print(f"{s:>6} {math.ceil(s / 128):>15} {math.ceil(s / 160):>15} "
+              f"{key_block(64, False, s):>7}")
+    peers = RESULTS.with_name("attention_peers.json")
+    if not peers.exists():
+        print(f"skipped the H200 figures: {peers.name} is not here")
+        return ""
+    rows = json.loads(peers.read_text(encoding="utf-8"))["rows"]
+    odd = [r for r in rows if r["s"] % 128 and not r["causal"] and r.get("fa4")]
+    print("measured (attention_peers.json, bf16, TFLOP/s): ours / FA4 / cuDNN")
+    for r in odd:
+        print(f"  d = {r['d']:>3} s = {r['s']:>4} b = {r['b']:>2}: {r['tma']:.0f} / "
+              f"{r['fa4']:.0f} / {r['cudnn']:.0f}")
+    return (f"At short odd lengths the length-aware key block puts it ahead of FA4 in "
+            f"{sum(r['tma'] > r['fa4'] for r in odd)} of {len(odd)} cells.")
+
+
 def main() -> int:
     print("08 - attention: FlashAttention-3's structure from the chapter's pieces")
     reason = gpu_unavailable()
@@ -636,6 +665,7 @@ def main() -> int:
     err_causal = kernel_order_check()
     ptx = compiled_kernel()
     result = measured()
+    odd = key_blocks_by_length()
     p = plans[128]
     w = ptx["wgmma"]
     heading("Takeaway:")
@@ -649,7 +679,7 @@ def main() -> int:
           f"transpose ({ptx['tma_store']} TMA stores, {ptx['multicast']} multicasts). The "
           f"online softmax "
           f"is exact up to rounding: {err:.1e} from the full softmax, {err_causal:.1e} in the "
-          f"kernel's causal order (float64). {result}")
+          f"kernel's causal order (float64). {result} {odd}")
     return 0 if max(err, err_causal) < 1e-10 else 1
 
 
