@@ -13,7 +13,8 @@ through gemm_ab.py), ``attention_bench`` (benchmarks/attention.py), ``paper_l2``
 (paper/fig6_l2.py, Nsight Compute), ``tutorials`` (every tutorial, one log),
 ``paged_bench`` (benchmarks/paged.py), ``fp8_bench`` (the FP8 GEMM cells), ``peers`` (the
 cells where FlashAttention-4 and QuACK led, both benchmarks), ``backward_bench``
-(benchmarks/attention_bwd.py), ``fp8_attention`` (benchmarks/attention_fp8.py). A one-line
+(benchmarks/attention_bwd.py), ``layer_bench`` (its ``--layer``: forward + backward),
+``fp8_attention`` (benchmarks/attention_fp8.py). A one-line
 summary per step is printed last; logs and JSON go to $OUT (default ./gpu_out).
 
 Example: the GEMM GPU tests in four shards, then the GEMM grid::
@@ -251,6 +252,15 @@ def step_backward_bench(args):
                                                    + (["--quick"] if args.quick else [])))
 
 
+def step_layer_bench(args):
+    """benchmarks/attention_bwd.py --layer: a training layer's forward + backward against FA4
+    and cuDNN (d = 128, s = 8k; attention_layer.json)."""
+    import attention_bwd
+
+    return "layer rc=" + str(attention_bwd.main(["--out", str(OUT), "--layer", "--head-dims",
+                                                 "128", "--seqlens", "8192"]))
+
+
 def step_fp8_attention(args):
     """benchmarks/attention_fp8.py: FP8 attention against our bf16 kernel."""
     import attention_fp8
@@ -273,7 +283,8 @@ STEPS = {"hardware": step_hardware, "tests": step_tests, "gemm_bench": step_gemm
          "tutorials": step_tutorials, "attention_bench": step_attention_bench,
          "paper_l2": step_paper_l2, "paged_bench": step_paged_bench,
          "fp8_bench": step_fp8_bench, "peers": step_peers,
-         "backward_bench": step_backward_bench, "fp8_attention": step_fp8_attention}
+         "backward_bench": step_backward_bench, "layer_bench": step_layer_bench,
+         "fp8_attention": step_fp8_attention}
 
 
 def main():
