@@ -555,6 +555,25 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
         assert len(exps) == cfg.block_n // 2 + 2, (cfg, len(exps))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_key_mask_is_one_select_per_score(head_dim):
+    """The mask of a block with keys past s_k (a non-causal tile's last block at every odd
+    length, paged and varlen calls' too) is one compare per column and one select per score.
+    Written as ``if dead: acc_s[i] = -inf``, each masked value became a branch yielding the
+    whole fragment, and ptxas made the key loop's masked path 997 FSELs (1570 instructions
+    against 640), so a masked block cost about three unmasked ones."""
+    cfg = AttentionConfig(head_dim=head_dim)
+    loop = build.innermost_loop(
+        build.sass(build.compile_attention(cfg, "BFloat16", as_from_dlpack=True).ptx),
+        ("tnspB", "MUFU.EX2"))
+    selects = [op for op in loop if op.startswith("FSEL")]
+    masks = [op for op in selects if "-INF" in op]
+    # one per score of the thread's 64 x block_n / 128 (both rows share a column's test),
+    # and a handful for the softmax's fully masked rows
+    assert len(masks) == cfg.block_n // 2, len(masks)
+    assert len(selects) <= cfg.block_n // 2 + 8, len(selects)
+
+
 def test_pairwise_reduces_as_a_balanced_tree():
     """The softmax's row max and row sum: the same n - 1 combines as a chain, ceil(log2 n) deep
     (a chain of 32 was what one warp's softmax waited out at d = 128)."""

@@ -43,6 +43,7 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 # 175 / 312 / 357 vs 108 / 247 / 330 TFLOP/s, d = 128 252 / 454 / 526 vs 173 / 396 / 514;
 # where 128 divides the length 160 lost (d = 64 s = 1024 372 vs 424) or tied (4k, 16k);
 # causal lost (the diagonal no longer falls on block edges: d = 64 s = 577 144 vs 188).
+# Measured while a masked block still cost about three unmasked ones (docs/design.md).
 ODD_KEY_BLOCK = {64: 160, 128: 160}
 # Q buffers per (head_dim, causal), 1 where not named: two only where they measured faster
 # (at d = 128 the second buffer costs a K/V stage; d = 256 has no room for it).

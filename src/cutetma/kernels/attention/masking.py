@@ -32,5 +32,6 @@ def apply_mask(cfg, acc_s, j, row0, col_in_tile, seqlen_q, seqlen_k, group=1):
             dead = col >= seqlen_k
             if cutlass.const_expr(cfg.causal):
                 dead = dead | (col > row + seqlen_k - seqlen_q)
-            if dead:
-                acc_s[i] = -cutlass.Float32.inf
+            # a select, not ``if dead:``: a branch per value yields the whole fragment, and
+            # ptxas made that a cascade of ~1000 FSELs per masked block (PTX test)
+            acc_s[i] = -cutlass.Float32.inf if dead else acc_s[i]
