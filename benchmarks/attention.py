@@ -292,6 +292,29 @@ def summarize(rows) -> dict:
     return s
 
 
+def bar_plot(rows, path: Path, keys, ylabel: str, title: str):
+    """One bar per contender (``keys``) per row, rows labelled by head dim, length, mask."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        ax.bar([j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))],
+               [r.get(key) or 0 for r in rows], width, label=key)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"d{r['d']} s{r['s']}\n{'causal' if r['causal'] else ''}"
+                        for r in rows], fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=len(keys))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot(rows, path: Path):
     """Three panels: TFLOP/s non-causal and causal (fp16: cuDNN, FA2, ours with TMA), and
     ours with TMA over ours with cp.async in every cell (both dtypes)."""

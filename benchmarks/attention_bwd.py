@@ -24,7 +24,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import FINAL_ROUNDS, SEQLENS, TOKENS, fa4, final_rounds, grid_parser, ratio_summary  # noqa: E402
+from attention import (  # noqa: E402
+    FINAL_ROUNDS,
+    SEQLENS,
+    TOKENS,
+    bar_plot,
+    fa4,
+    final_rounds,
+    grid_parser,
+    ratio_summary,
+)
 from gemm import bench, progress  # noqa: E402
 
 HEAD_DIMS = (64, 128)  # the backward's (d = 256 is not built)
@@ -114,29 +123,10 @@ def summarize(rows) -> dict:
     return {**ratio_summary(rows, "tma", "fa4"), **ratio_summary(rows, "tma", "cudnn")}
 
 
-def plot(rows, path: Path, keys=("tma", "cp_async", "fa4", "cudnn"),
-         ylabel: str = "TFLOP/s (2.5x forward FLOPs)",
-         title: str = "attention backward, bf16, H200"):
-    """One bar per contender (``keys``) per row, rows labelled by head dim, length, mask."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.6))
-    width = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        ax.bar([j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))],
-               [r.get(key) or 0 for r in rows], width, label=key)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"d{r['d']} s{r['s']}\n{'causal' if r['causal'] else ''}"
-                        for r in rows], fontsize=7)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=len(keys))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def plot(rows, path: Path, layer: bool = False):
+    what, factor = ("forward + backward", 3.5) if layer else ("backward", 2.5)
+    bar_plot(rows, path, ("tma", "cp_async", "fa4", "cudnn"),
+             f"TFLOP/s ({factor}x forward FLOPs)", f"attention {what}, bf16, H200")
 
 
 def main(argv=None):
@@ -157,11 +147,7 @@ def main(argv=None):
         rows.append(measure("bfloat16", d, s, causal, args.rounds, custom=args.custom,
                             layer=args.layer))
         results.write(name, rows, out, extra_meta={"complete": False})
-    if args.layer:
-        plot(rows, out / f"{name}.png", ylabel="TFLOP/s (3.5x forward FLOPs)",
-             title="attention forward + backward, bf16, H200")
-    else:
-        plot(rows, out / f"{name}.png")
+    plot(rows, out / f"{name}.png", args.layer)
     results.finish(name, rows, out, summarize(rows), t0)
     return 0
 

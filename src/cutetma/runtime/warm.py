@@ -208,15 +208,12 @@ def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> 
     (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values), and where
     short odd key lengths take other key blocks (``ODD_KEY_BLOCK``), those too."""
     from cutetma.kernels.attention import AttentionConfig
-    from cutetma.kernels.attention.config import ODD_KEY_BLOCK
-
-    def blocks(d, causal):
-        return (0,) + ((ODD_KEY_BLOCK[d],) if d in ODD_KEY_BLOCK and not causal else ())
+    from cutetma.kernels.attention.config import key_blocks
 
     return _distinct(Entry("attention", dtype, AttentionConfig(head_dim=d, causal=causal,
                                                                load=load, block_n=block_n))
                      for dtype in dtypes for load in loads for d, causal in specs
-                     for block_n in blocks(d, causal))
+                     for block_n in key_blocks(d, causal))
 
 
 def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:

@@ -305,12 +305,19 @@ class BackwardConfig:
                 + 4 * self.block_m * d + 2 * 4 * self.stages * self.block_m)
 
 
+def key_blocks(head_dim: int, causal: bool) -> tuple[int, ...]:
+    """Every key block ``cutetma.attention`` may run for this head dim and mask: ``BLOCKS``',
+    then (non-causal) ``ODD_KEY_BLOCK``'s for short odd lengths."""
+    block_n = BLOCKS[(head_dim, causal)][1]
+    odd = ODD_KEY_BLOCK.get(head_dim)
+    return (block_n, odd) if odd and not causal else (block_n,)
+
+
 def key_block(head_dim: int, causal: bool, seqlen_k: int) -> int:
     """The key block ``cutetma.attention`` runs for keys of this length: ``BLOCKS``' unless
     ``ODD_KEY_BLOCK`` covers fewer blocks of a length that whole blocks do not (see there)."""
-    block_n = BLOCKS[(head_dim, causal)][1]
-    odd = ODD_KEY_BLOCK.get(head_dim)
-    if (odd and not causal and seqlen_k % block_n
-            and math.ceil(seqlen_k / odd) < math.ceil(seqlen_k / block_n)):
-        return odd
+    block_n, *odd = key_blocks(head_dim, causal)
+    if odd and seqlen_k % block_n and math.ceil(seqlen_k / odd[0]) < math.ceil(
+            seqlen_k / block_n):
+        return odd[0]
     return block_n
