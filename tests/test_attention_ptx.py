@@ -109,20 +109,26 @@ def test_register_budgets_fit_the_register_file():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_short_odd_lengths_take_160_key_blocks(head_dim):
-    """Non-causal keys that whole 128-key blocks do not cover, and fewer 160-key ones do, run
-    160-key blocks (ODD_KEY_BLOCK); lengths of whole blocks, causal and d = 256 keep BLOCKS'.
-    The 160-key kernel compiles as the defaults do: no spills, no serialized WGMMA."""
+def test_dense_tile_by_length(head_dim):
+    """Non-causal keys that whole 128-key blocks do not cover run 160-key blocks where that
+    saves a block of a short walk (ODD_KEY_BLOCK, ODD_KEY_BLOCK_MAX); everything else runs
+    BLOCKS' keys with WIDE_ROWS' query rows (d = 64 non-causal: 192). The 160-key kernel
+    compiles as the defaults do: no spills, no serialized WGMMA."""
     import re
     import shutil
 
-    from cutetma.kernels.attention.config import key_block
+    from cutetma.kernels.attention.config import dense_tile
 
-    assert [key_block(head_dim, False, s) for s in (257, 577, 1000, 4097)] == [160] * 4
-    # whole blocks; one block either way; causal; d = 256's own tile
-    assert [key_block(head_dim, False, s) for s in (128, 1024, 4096, 100)] == [128] * 4
-    assert key_block(head_dim, True, 577) == 128 and key_block(256, False, 577) == 80
-    cfg = AttentionConfig(head_dim=head_dim, block_n=key_block(head_dim, False, 577))
+    wide = (192, 128) if head_dim == 64 else (128, 128)
+    odd = (128, 160)
+    assert [dense_tile(head_dim, False, s) for s in (257, 300)] == [odd] * 2
+    # d = 64 takes up to four 160-key blocks, d = 128 two (577 keys: 4 of 160, 5 of 128)
+    assert dense_tile(head_dim, False, 577) == (odd if head_dim == 64 else wide)
+    # a long walk; whole blocks; one block either way
+    assert [dense_tile(head_dim, False, s) for s in (1000, 4097, 1024, 4096, 100)] == [wide] * 5
+    assert dense_tile(head_dim, True, 577) == (128, 128)
+    assert dense_tile(256, False, 577) == dense_tile(256, True, 4096) == (128, 80)
+    cfg = AttentionConfig(head_dim=head_dim, block_m=odd[0], block_n=odd[1])
     ptx = build.compile_attention(cfg, "BFloat16").ptx
     assert "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16" in ptx
     if shutil.which("ptxas"):
@@ -519,8 +525,12 @@ def test_default_configs_keep_wgmma_async_without_spills(dtype):
     ("wgmma.mma_async instructions are serialized due to insufficient register resources")
     and no spills. A strided persistent loop once cost bf16, d = 128 exactly this: 0.67x of
     its own fp16 speed on the H200, with nothing else wrong."""
-    for head_dim, causal in BEST_SCHEDULE:
-        cfg = AttentionConfig(head_dim=head_dim, causal=causal)
+    from cutetma.kernels.attention.config import WIDE_ROWS
+
+    configs = [AttentionConfig(head_dim=d, causal=causal) for d, causal in BEST_SCHEDULE]
+    configs += [AttentionConfig(head_dim=d, causal=causal, block_m=rows)
+                for (d, causal), rows in WIDE_ROWS.items()]
+    for cfg in configs:
         log = build.ptxas_log(build.compile_attention(cfg, dtype, as_from_dlpack=True).ptx)
         assert "C7512" not in log, (cfg, log)
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), (cfg, log)
@@ -536,8 +546,14 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
     score (block_n / 2 per thread, plus the two rescale factors): ptxas wrote every d = 256
     exp2 twice while the wait sat in the softmax's block; and a wait for P V written before
     the softmax once ran the softmax after P V at every head dim."""
+    from cutetma.kernels.attention.config import WIDE_ROWS
+
     configs = [AttentionConfig(head_dim=d, causal=causal)
                for (d, causal), schedule in BEST_SCHEDULE.items() if schedule != "serial"]
+    # three consumer warpgroups: with the early wait at 160 registers ptxas wrote every exp2
+    # twice (122 a block); the late wait keeps one
+    configs += [AttentionConfig(head_dim=d, causal=causal, block_m=rows)
+                for (d, causal), rows in WIDE_ROWS.items()]
     configs.append(AttentionConfig(head_dim=128,
                                    pv_wait={"early": "late", "late": "early"}[PV_WAIT[128]]))
     for cfg in configs:

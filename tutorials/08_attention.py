@@ -625,20 +625,24 @@ def measured() -> str:
 
 
 def key_blocks_by_length() -> str:
-    """Section 7: the key block ``cutetma.attention`` picks from the keys' length
-    (``key_block``), with the peer cells the H200 measured at short odd lengths."""
+    """Section 7: the tile ``cutetma.attention`` picks from the keys' length (``dense_tile``),
+    with the peer cells the H200 measured at short odd lengths."""
     import math
 
-    from cutetma.kernels.attention.config import ODD_KEY_BLOCK, key_block
+    from cutetma.kernels.attention.config import ODD_KEY_BLOCK, ODD_KEY_BLOCK_MAX, dense_tile
 
-    heading("7. Key blocks by length: a short odd length pays per block, not per key")
+    heading("7. Tiles by length: a short odd length pays per block, not per key")
     print("A block costs its barriers, its row max / sum reductions and (the last) a mask,")
     print("beyond its GEMMs. Non-causal at d = 64 / 128, a length that whole 128-key blocks")
-    print(f"do not cover runs {ODD_KEY_BLOCK[64]}-key blocks when that needs fewer blocks:")
-    print(f"{'s_k':>6} {'128-key blocks':>15} {'160-key blocks':>15} {'picked':>7}")
+    print(f"do not cover runs {ODD_KEY_BLOCK[64]}-key blocks when that saves a block of a short")
+    print(f"walk (at most {ODD_KEY_BLOCK_MAX[64]} / {ODD_KEY_BLOCK_MAX[128]} blocks at d = 64 / "
+          "128); otherwise d = 64 runs three consumer warpgroups (192 query rows):")
+    print(f"{'s_k':>6} {'128-key blocks':>15} {'160-key blocks':>15} {'d=64 tile':>10} "
+          f"{'d=128 tile':>11}")
     for s in (197, 257, 577, 1000, 1024, 4096):
-        print(f"{s:>6} {math.ceil(s / 128):>15} {math.ceil(s / 160):>15} "
-              f"{key_block(64, False, s):>7}")
+        tiles = ["x".join(map(str, dense_tile(d, False, s))) for d in (64, 128)]
+        print(f"{s:>6} {math.ceil(s / 128):>15} {math.ceil(s / 160):>15} {tiles[0]:>10} "
+              f"{tiles[1]:>11}")
     peers = RESULTS.with_name("attention_peers.json")
     if not peers.exists():
         print(f"skipped the H200 figures: {peers.name} is not here")

@@ -509,7 +509,7 @@ def attention_outputs(q: torch.Tensor, empty: bool = False) -> tuple:
 def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionPlan:
     """Check an attention call and decide what its launch needs (``_AttentionPlan``)."""
     from cutetma.kernels.attention import AttentionConfig
-    from cutetma.kernels.attention.config import key_block
+    from cutetma.kernels.attention.config import dense_tile
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_operand(name, t, "attention", 4, "(batch, seqlen, heads, head_dim)")
@@ -526,9 +526,10 @@ def _attention_plan(q, k, v, causal, softmax_scale, load, config) -> _AttentionP
         raise ValueError(f"{h} query heads are not a multiple of {h_kv} key/value heads")
     if d not in ATTENTION_HEAD_DIMS:
         raise ValueError(f"head_dim {d}: supported are {ATTENTION_HEAD_DIMS}")
+    block_m, block_n = dense_tile(d, causal, k.shape[1])
     config = attention_config(config, AttentionConfig, d, causal, lambda: AttentionConfig(
-        head_dim=d, causal=causal, load=tuning.check_load(load),
-        block_n=key_block(d, causal, k.shape[1])))
+        head_dim=d, causal=causal, load=tuning.check_load(load), block_m=block_m,
+        block_n=block_n))
     plan = _AttentionPlan()
     plan.copies = tuple(not tma_rows_aligned(x) for x in (q, k, v))
     if q.numel() == 0 or k.shape[1] == 0:  # b, s_q or h of 0 (a 0 grid dimension), or no keys

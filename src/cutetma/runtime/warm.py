@@ -206,14 +206,14 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
 def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
     """The kernels ``cutetma.attention`` launches for each (head dim, causal), dtype and load
     (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values), and where
-    short odd key lengths take other key blocks (``ODD_KEY_BLOCK``), those too."""
+    short odd key lengths take other tiles (``dense_tiles``), those too."""
     from cutetma.kernels.attention import AttentionConfig
-    from cutetma.kernels.attention.config import key_blocks
+    from cutetma.kernels.attention.config import dense_tiles
 
-    return _distinct(Entry("attention", dtype, AttentionConfig(head_dim=d, causal=causal,
-                                                               load=load, block_n=block_n))
+    return _distinct(Entry("attention", dtype, AttentionConfig(
+        head_dim=d, causal=causal, load=load, block_m=block_m, block_n=block_n))
                      for dtype in dtypes for load in loads for d, causal in specs
-                     for block_n in key_blocks(d, causal))
+                     for block_m, block_n in dense_tiles(d, causal))
 
 
 def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:

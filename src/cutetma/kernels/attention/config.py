@@ -35,16 +35,24 @@ SPLIT_KV_UNSUPPORTED = {(256, "cp_async", True)}
 # shared memory). block_m=192 (three consumer warpgroups, d = 64 only) measured slower.
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
           (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 80)}
-# Key blocks by the keys' length (``key_block``): non-causal at d = 64 / 128, a length that
-# is not whole 128-key blocks and needs fewer 160-key ones runs 160-key blocks: each block
-# costs its barriers, reductions and masked tail beyond its GEMMs, and short odd lengths pay
-# it for a mostly empty last block (s = 257: 3 blocks of 128, the last with one key; 2 of
-# 160). Measured (H200, bf16 / fp16 alike, 16k tokens): d = 64 s = 257 / 577 / 1000
-# 175 / 312 / 357 vs 108 / 247 / 330 TFLOP/s, d = 128 252 / 454 / 526 vs 173 / 396 / 514;
-# where 128 divides the length 160 lost (d = 64 s = 1024 372 vs 424) or tied (4k, 16k);
-# causal lost (the diagonal no longer falls on block edges: d = 64 s = 577 144 vs 188).
-# Measured while a masked block still cost about three unmasked ones (docs/design.md).
+# Key blocks by the keys' length (``dense_tile``): non-causal at d = 64 / 128, a length that
+# is not whole 128-key blocks runs 160-key blocks where that saves a block and the walk is
+# short (at most ODD_KEY_BLOCK_MAX 160-key blocks): each block costs its barriers, reductions
+# and masked tail beyond its GEMMs, and a short odd length pays it for a mostly empty last
+# block (s = 257: 3 blocks of 128, the last with one key; 2 of 160). Measured (H200, bf16,
+# 16k tokens, 160 vs 128 keys): d = 64 s = 257 / 577 / 1000 191 / 333 / 381 vs 160 / 315 /
+# 386 TFLOP/s; d = 128 253 / 444 / 521 vs 230 / 459 / 559. Where 128 divides the length 160
+# lost (d = 64 s = 1024 372 vs 424) or tied (4k, 16k); causal lost (the diagonal no longer
+# falls on block edges: d = 64 s = 577 144 vs 188).
 ODD_KEY_BLOCK = {64: 160, 128: 160}
+ODD_KEY_BLOCK_MAX = {64: 4, 128: 2}
+# Query rows of the dense tile where three consumer warpgroups win (``dense_tile``; the
+# 160-key odd-length tiles keep 128 rows: 192 x 160 spills): d = 64 non-causal, FA4's 192 x
+# 128, with P V's wait late (at 160 registers the early wait made ptxas compute every exp2
+# twice: 122 MUFU.EX2 a block for 64 scores). bf16, 192 vs 128 rows: s = 512 / 2k / 4k / 8k
+# 380 / 481 / 496 / 524 vs 370 / 409 / 413 / 412 TFLOP/s; causal lost (161 vs 242 at 512,
+# 444 vs 424 at 8k only), so it keeps 128.
+WIDE_ROWS = {(64, False): 192}
 # Q buffers per (head_dim, causal), 1 where not named: two only where they measured faster
 # (at d = 128 the second buffer costs a K/V stage; d = 256 has no room for it).
 Q_STAGES = {(64, False): 2}
@@ -142,8 +150,9 @@ class AttentionConfig:
             if self.pack_gqa and schedule == "pingpong":
                 schedule = "overlap"  # an idle warpgroup takes no turns
             object.__setattr__(self, "schedule", schedule)
-        if not self.pv_wait:
-            object.__setattr__(self, "pv_wait", PV_WAIT[self.head_dim])
+        if not self.pv_wait:  # three consumer warpgroups: late (WIDE_ROWS)
+            object.__setattr__(self, "pv_wait",
+                               "late" if self.block_m == 192 else PV_WAIT[self.head_dim])
         if self.pv_wait not in PV_WAITS:
             raise ValueError(f"pv_wait={self.pv_wait!r}: one of {PV_WAITS}")
         if self.schedule not in SCHEDULES:
@@ -305,19 +314,23 @@ class BackwardConfig:
                 + 4 * self.block_m * d + 2 * 4 * self.stages * self.block_m)
 
 
-def key_blocks(head_dim: int, causal: bool) -> tuple[int, ...]:
-    """Every key block ``cutetma.attention`` may run for this head dim and mask: ``BLOCKS``',
-    then (non-causal) ``ODD_KEY_BLOCK``'s for short odd lengths."""
-    block_n = BLOCKS[(head_dim, causal)][1]
-    odd = ODD_KEY_BLOCK.get(head_dim)
-    return (block_n, odd) if odd and not causal else (block_n,)
+def dense_tiles(head_dim: int, causal: bool) -> tuple[tuple[int, int], ...]:
+    """Every (block_m, block_n) ``cutetma.attention`` may run for this head dim and mask
+    (``dense_tile``)."""
+    block_m, block_n = BLOCKS[(head_dim, causal)]
+    tiles = [(WIDE_ROWS.get((head_dim, causal), block_m), block_n)]
+    if ODD_KEY_BLOCK.get(head_dim) and not causal:
+        tiles.append((block_m, ODD_KEY_BLOCK[head_dim]))
+    return tuple(tiles)
 
 
-def key_block(head_dim: int, causal: bool, seqlen_k: int) -> int:
-    """The key block ``cutetma.attention`` runs for keys of this length: ``BLOCKS``' unless
-    ``ODD_KEY_BLOCK`` covers fewer blocks of a length that whole blocks do not (see there)."""
-    block_n, *odd = key_blocks(head_dim, causal)
-    if odd and seqlen_k % block_n and math.ceil(seqlen_k / odd[0]) < math.ceil(
-            seqlen_k / block_n):
-        return odd[0]
-    return block_n
+def dense_tile(head_dim: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
+    """The (block_m, block_n) ``cutetma.attention`` runs for keys of this length:
+    ``ODD_KEY_BLOCK``'s where it saves a block of a short odd length, else ``BLOCKS``' with
+    ``WIDE_ROWS``' query rows."""
+    wide, *odd = dense_tiles(head_dim, causal)
+    if odd and seqlen_k % wide[1]:
+        blocks = math.ceil(seqlen_k / odd[0][1])
+        if blocks < math.ceil(seqlen_k / wide[1]) and blocks <= ODD_KEY_BLOCK_MAX[head_dim]:
+            return odd[0]
+    return wide
