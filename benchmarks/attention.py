@@ -12,10 +12,11 @@ timed again in alternating rounds after the single pass, and report medians
 (``FINAL_ROUNDS``). Ours is checked against cuDNN's output first; a wrong or unsupported
 configuration becomes a row with an error.
 ``tma`` / ``cp_async`` use the default consumer schedule for the head dim and mask
-(``BEST_SCHEDULE``, docs/design.md); fp16 rows also time the TMA kernel with each schedule
-(``tma_overlap``, ``tma_pingpong``): the ablation of FlashAttention-3's intra-warpgroup
-overlap and pingpong, from which those defaults were chosen, the default with the wait for
-P V on the other side of the softmax (``tma_other_pv_wait``), and, where ``ALT_BLOCKS``
+(``BEST_SCHEDULE``, docs/design.md); fp16 rows also time the TMA kernel, at the default's
+tile, with each schedule (``tma_serial``, ``tma_overlap``, ``tma_pingpong``) and one CTA per
+tile (``tma_one_cta_per_tile``): the ablation of FlashAttention-3's intra-warpgroup overlap,
+pingpong and the persistent grid, from which those defaults were chosen, the default with
+the wait for P V on the other side of the softmax (``tma_other_pv_wait``), and, where ``ALT_BLOCKS``
 names one, the default with another (block_m, block_n) (``tma_alt_blocks``), and with the
 other number of Q buffers (``tma_other_q``, d <= 128: ``Q_STAGES``).
 ``--variants tma tma_two_q tma_two_kv_stages --head-dims 128`` times only
@@ -89,28 +90,34 @@ def parse_custom(spec: str):
     return name, config
 
 
-def variants(dtype: str, d: int, causal: bool, chosen=None, custom=()):
-    """Ours, as (column, mechanism, config overrides or a schedule name or None: the torch
-    face's default). The full run: the defaults for both dtypes, the ablations for fp16 only.
-    ``chosen``: exactly these columns, for both dtypes (an A/B of a few; ``tma_two_q`` and
+def variants(dtype: str, d: int, causal: bool, chosen=None, custom=(), seqlen: int = 0):
+    """Ours, as (column, mechanism, config overrides or None: the torch face's default). The
+    full run: the defaults for both dtypes, the ablations for fp16 only, each at the tile the
+    default runs for keys of length ``seqlen`` (``dense_tile``; 0: ``BLOCKS``'). ``chosen``:
+    exactly these columns, for both dtypes (an A/B of a few; ``tma_two_q`` and
     ``tma_two_kv_stages`` only on request)."""
     from cutetma import AttentionConfig
+    from cutetma.kernels.attention.config import BLOCKS, dense_tile
 
+    block_m, block_n = dense_tile(d, causal, seqlen) if seqlen else BLOCKS[(d, causal)]
+    tile = dict(block_m=block_m, block_n=block_n)
+    default = AttentionConfig(head_dim=d, causal=causal, **tile)
     every = [("tma", "tma", None), ("cp_async", "cp_async", None)]
-    every += [(f"tma_{x}", "tma", x) for x in ("overlap", "pingpong")]
+    # tutorial 08's ablation ladder: each schedule, and one CTA per tile (persistent=False)
+    every += [(f"tma_{x}", "tma", dict(tile, schedule=x)) for x in ("serial", "overlap",
+                                                                      "pingpong")]
+    every += [("tma_one_cta_per_tile", "tma", dict(tile, persistent=False))]
     # the default's other place for the wait for P V (before or after the softmax, PV_WAIT)
-    pv_wait = AttentionConfig(head_dim=d, causal=causal).pv_wait
     every += [("tma_other_pv_wait", "tma",
-               dict(pv_wait={"early": "late", "late": "early"}[pv_wait]))]
-    if (d, causal) in ALT_BLOCKS:
-        block_m, block_n = ALT_BLOCKS[(d, causal)]
-        every += [("tma_alt_blocks", "tma", dict(block_m=block_m, block_n=block_n))]
+               dict(tile, pv_wait={"early": "late", "late": "early"}[default.pv_wait]))]
+    if (d, causal) in ALT_BLOCKS and ALT_BLOCKS[(d, causal)] != (block_m, block_n):
+        alt_m, alt_n = ALT_BLOCKS[(d, causal)]
+        every += [("tma_alt_blocks", "tma", dict(block_m=alt_m, block_n=alt_n))]
     if d <= 128:  # two Q buffers leave no K/V stage at d = 256
-        q_stages = AttentionConfig(head_dim=d, causal=causal).q_stages
-        every += [("tma_other_q", "tma", dict(q_stages=3 - q_stages)),  # the default's other
-                  ("tma_two_q", "tma", dict(q_stages=2))]
+        every += [("tma_other_q", "tma", dict(tile, q_stages=3 - default.q_stages)),
+                  ("tma_two_q", "tma", dict(tile, q_stages=2))]
     if d == 128:  # what two Q buffers cost there: a K/V stage (3 -> 2), alone
-        every += [("tma_two_kv_stages", "tma", dict(stages=2))]
+        every += [("tma_two_kv_stages", "tma", dict(tile, stages=2))]
     extra = [(name, config.get("load", "tma"), config) for name, config in custom]
     if chosen is not None or extra:
         return [v for v in every if v[0] in (chosen or ())] + extra
@@ -183,9 +190,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, chosen=None, custom=(),
             row["fa4_error"] = f"{type(exc).__name__}: {exc}"[:200]
     elif why:
         row["fa4_error"] = why
-    for load, mechanism, config in variants(dtype, d, causal, chosen, custom):
-        if isinstance(config, str):
-            config = dict(schedule=config)
+    for load, mechanism, config in variants(dtype, d, causal, chosen, custom, s):
         if config is not None:
             config = {key: value for key, value in config.items() if key != "load"}
 
@@ -283,8 +288,8 @@ def summarize(rows) -> dict:
         s["median_tma_over_cp_async"] = statistics.median(mech)
         s["cells_tma_beats_cp_async"] = sum(m > 1 for m in mech)
         s["cells_timed_both"] = len(mech)
-    for ablation in ("tma_overlap", "tma_pingpong", "tma_alt_blocks", "tma_other_q",
-                     "tma_two_q", "tma_two_kv_stages"):
+    for ablation in ("tma_serial", "tma_overlap", "tma_pingpong", "tma_one_cta_per_tile",
+                     "tma_alt_blocks", "tma_other_q", "tma_two_q", "tma_two_kv_stages"):
         gains = [single_pass(r, "tma") / r[ablation] for r in rows
                  if r.get("tma") and r.get(ablation)]
         if gains:

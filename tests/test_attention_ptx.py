@@ -126,7 +126,9 @@ def test_dense_tile_by_length(head_dim):
     assert dense_tile(head_dim, False, 577) == (odd if head_dim == 64 else wide)
     # a long walk; whole blocks; one block either way
     assert [dense_tile(head_dim, False, s) for s in (1000, 4097, 1024, 4096, 100)] == [wide] * 5
-    assert dense_tile(head_dim, True, 577) == (128, 128)
+    assert dense_tile(head_dim, True, 577) == dense_tile(128, True, 16384) == (128, 128)
+    # d = 64 causal: 192 rows from 8k keys (WIDE_ROWS_MIN_KEYS)
+    assert dense_tile(64, True, 8191) == (128, 128) and dense_tile(64, True, 8192) == (192, 128)
     assert dense_tile(256, False, 577) == dense_tile(256, True, 4096) == (128, 80)
     cfg = AttentionConfig(head_dim=head_dim, block_m=odd[0], block_n=odd[1])
     ptx = build.compile_attention(cfg, "BFloat16").ptx
@@ -414,16 +416,21 @@ def test_benchmark_columns():
 
     assert names("bfloat16", 128, False) == ["tma", "cp_async"]
     full = names("float16", 128, False)
-    assert {"tma_overlap", "tma_pingpong", "tma_other_q"} <= set(full)
+    assert {"tma_serial", "tma_overlap", "tma_pingpong", "tma_one_cta_per_tile",
+            "tma_other_q"} <= set(full)
     assert "tma_two_q" not in full and "tma_two_kv_stages" not in full
     assert "tma_other_q" not in names("float16", 256, False)
     other = {v[0]: v[2] for v in bench.variants("float16", 64, False)}["tma_other_q"]
-    assert other == {"q_stages": 1}  # d = 64 non-causal has two by default
+    assert other == {"block_m": 128, "block_n": 128, "q_stages": 1}  # two by default
+    # the ablations run at the tile the default runs for the row's keys (dense_tile)
+    at_4k = {v[0]: v[2] for v in bench.variants("float16", 64, False, None, (), 4096)}
+    assert at_4k["tma_serial"] == {"block_m": 192, "block_n": 128, "schedule": "serial"}
     assert names("bfloat16", 128, True, ["tma", "tma_two_kv_stages"]) == [
         "tma", "tma_two_kv_stages"]
     # the wait for P V on the default's other side of the softmax (PV_WAIT)
     flip = {v[0]: v[2] for v in bench.variants("float16", 256, True)}["tma_other_pv_wait"]
-    assert flip == {"pv_wait": "early"} and "tma_other_pv_wait" in full
+    assert flip == {"block_m": 128, "block_n": 80, "pv_wait": "early"}
+    assert "tma_other_pv_wait" in full
     # --custom: any AttentionConfig fields as a column of its own, beside the chosen ones
     custom = bench.parse_custom("n80o=block_n:80,schedule:overlap")
     assert custom == ("n80o", {"block_n": 80, "schedule": "overlap"})

@@ -22,8 +22,9 @@ import pytest
 from cutetma.cli import main
 
 GEMM = "256x256x256"  # M >= 256, unsplit: the order table and its workspace
-# causal: one attention kernel (non-causal adds the 160-key one of short odd lengths)
-WARM = ["cache", "warm", "--gemm", GEMM, "--attention", "64,causal", "--dtypes", "float16"]
+# d = 128 causal: one attention kernel (non-causal adds the 160-key one of short odd
+# lengths, d = 64 its 192-row tiles)
+WARM = ["cache", "warm", "--gemm", GEMM, "--attention", "128,causal", "--dtypes", "float16"]
 
 
 @pytest.fixture
@@ -115,9 +116,10 @@ def test_entries_are_what_gemm_launches(monkeypatch):
     entries = warm.gemm_entries([(4096, 4096, 4096), (8192, 8192, 8192)], ["float16"])
     assert len(entries) == 1 and entries[0].problems == ((4096, 4096, 4096), (8192, 8192, 8192))
     assert len(warm.gemm_entries(warm.GEMM_PRESET)) >= 6
-    # 6 (head dim, mask) x 2 dtypes, and the 160-key blocks of short odd lengths (d 64 / 128
-    # non-causal, ODD_KEY_BLOCK) x 2 dtypes
-    assert len(warm.attention_entries()) == 16
+    # 6 (head dim, mask) x 2 dtypes, the 160-key blocks of short odd lengths (d 64 / 128
+    # non-causal, ODD_KEY_BLOCK) and d = 64 causal's 128-row tile of short walks (its long ones
+    # take 192 rows, WIDE_ROWS_MIN_KEYS), each x 2 dtypes
+    assert len(warm.attention_entries()) == 18
     assert warm.probe_entries([pair]) == []  # placement is off
     # the probes a GPU warm launches: the GPC finders and each placed cluster size, not the
     # split-K entries' (split-K is never placed)
@@ -260,7 +262,7 @@ def test_backward_entries(cache_dir, capsys):
     entries = warm.backward_entries(warm.ATTENTION_PRESET, ["bfloat16"], ["tma"])
     assert [e.name() for e in entries] == [
         f"attention backward bf16 d={d}{c} tma" for d in (64, 128) for c in ("", " causal")]
-    args = ["cache", "warm", "--attention", "64,causal", "--backward", "--dtypes", "bfloat16",
+    args = ["cache", "warm", "--attention", "128,causal", "--backward", "--dtypes", "bfloat16",
             "--jobs", "1"]
     assert main(args) == 0
     assert re.search(r"2 entries: \d+ compiled", capsys.readouterr().out)

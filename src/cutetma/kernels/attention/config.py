@@ -47,12 +47,14 @@ BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 1
 ODD_KEY_BLOCK = {64: 160, 128: 160}
 ODD_KEY_BLOCK_MAX = {64: 4, 128: 2}
 # Query rows of the dense tile where three consumer warpgroups win (``dense_tile``; the
-# 160-key odd-length tiles keep 128 rows: 192 x 160 spills): d = 64 non-causal, FA4's 192 x
-# 128, with P V's wait late (at 160 registers the early wait made ptxas compute every exp2
-# twice: 122 MUFU.EX2 a block for 64 scores). bf16, 192 vs 128 rows: s = 512 / 2k / 4k / 8k
-# 380 / 481 / 496 / 524 vs 370 / 409 / 413 / 412 TFLOP/s; causal lost (161 vs 242 at 512,
-# 444 vs 424 at 8k only), so it keeps 128.
-WIDE_ROWS = {(64, False): 192}
+# 160-key odd-length tiles keep 128 rows: 192 x 160 spills): d = 64, FA4's 192 x 128, with
+# pingpong and P V's wait late (at 160 registers the early wait made ptxas compute every
+# exp2 twice: 122 MUFU.EX2 a block for 64 scores). bf16, 192 vs 128 rows, non-causal:
+# s = 512 / 2k / 4k / 8k 380 / 481 / 496 / 524 vs 370 / 409 / 413 / 412 TFLOP/s. Causal only
+# from WIDE_ROWS_MIN_KEYS keys: s = 8k / 16k 458 / 475 vs 430 / 449, but 2k 337 vs 382 (a
+# 192-row tile's diagonal spans two or three key blocks, and short walks pay for it).
+WIDE_ROWS = {(64, False): 192, (64, True): 192}
+WIDE_ROWS_MIN_KEYS = {(64, True): 8192}
 # Q buffers per (head_dim, causal), 1 where not named: two only where they measured faster
 # (at d = 128 the second buffer costs a K/V stage; d = 256 has no room for it).
 Q_STAGES = {(64, False): 2}
@@ -100,14 +102,14 @@ class AttentionConfig:
     #   P V runs (FlashAttention-3's intra-warpgroup overlap);
     # "pingpong": "overlap", and the warpgroups take turns issuing their GEMMs (named
     #   barriers), so one's softmax runs under the other's GEMMs.
-    schedule: str = ""  # "": BEST_SCHEDULE's choice for this head dim and mask
+    schedule: str = ""  # "": BEST_SCHEDULE's choice (pingpong at block_m=192, WIDE_ROWS)
     # persistent: one CTA per SM walks the (query block, head, batch) tiles, so the next
     # tile's Q and K/V loads run under this tile's epilogue; False (experimental): one CTA per
     # tile
     persistent: bool = True
     # overlap / pingpong: where this warpgroup waits for its P_{j-1} V_{j-1} (PV_WAIT):
     # "early", before block j's softmax, or "late", at the next iteration's start, so the
-    # softmax runs under it; "": PV_WAIT's choice for the head dim
+    # softmax runs under it; "": PV_WAIT's choice for the head dim (late at block_m=192)
     pv_wait: str = ""
     # paged K/V (``attention_with_kvcache``): keys per page of the cache pool, 0 for dense
     # K/V. A compile-time constant (a deployment fixes its page size), so a key's page and
@@ -145,8 +147,9 @@ class AttentionConfig:
             object.__setattr__(self, "q_stages", Q_STAGES.get((self.head_dim, self.causal), 1))
         if not self.stages:
             object.__setattr__(self, "stages", min(3, self.max_stages))
-        if not self.schedule:
-            schedule = BEST_SCHEDULE[(self.head_dim, self.causal)]
+        if not self.schedule:  # three consumer warpgroups: pingpong (WIDE_ROWS)
+            schedule = ("pingpong" if self.block_m == 192 else
+                        BEST_SCHEDULE[(self.head_dim, self.causal)])
             if self.pack_gqa and schedule == "pingpong":
                 schedule = "overlap"  # an idle warpgroup takes no turns
             object.__setattr__(self, "schedule", schedule)
@@ -319,6 +322,8 @@ def dense_tiles(head_dim: int, causal: bool) -> tuple[tuple[int, int], ...]:
     (``dense_tile``)."""
     block_m, block_n = BLOCKS[(head_dim, causal)]
     tiles = [(WIDE_ROWS.get((head_dim, causal), block_m), block_n)]
+    if (head_dim, causal) in WIDE_ROWS_MIN_KEYS:
+        tiles.append((block_m, block_n))
     if ODD_KEY_BLOCK.get(head_dim) and not causal:
         tiles.append((block_m, ODD_KEY_BLOCK[head_dim]))
     return tuple(tiles)
@@ -327,10 +332,13 @@ def dense_tiles(head_dim: int, causal: bool) -> tuple[tuple[int, int], ...]:
 def dense_tile(head_dim: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
     """The (block_m, block_n) ``cutetma.attention`` runs for keys of this length:
     ``ODD_KEY_BLOCK``'s where it saves a block of a short odd length, else ``BLOCKS``' with
-    ``WIDE_ROWS``' query rows."""
-    wide, *odd = dense_tiles(head_dim, causal)
-    if odd and seqlen_k % wide[1]:
-        blocks = math.ceil(seqlen_k / odd[0][1])
-        if blocks < math.ceil(seqlen_k / wide[1]) and blocks <= ODD_KEY_BLOCK_MAX[head_dim]:
-            return odd[0]
-    return wide
+    ``WIDE_ROWS``' query rows (from ``WIDE_ROWS_MIN_KEYS`` keys where that names a minimum)."""
+    block_m, block_n = BLOCKS[(head_dim, causal)]
+    if (not causal and head_dim in ODD_KEY_BLOCK and seqlen_k % block_n):
+        odd = ODD_KEY_BLOCK[head_dim]
+        blocks = math.ceil(seqlen_k / odd)
+        if blocks < math.ceil(seqlen_k / block_n) and blocks <= ODD_KEY_BLOCK_MAX[head_dim]:
+            return block_m, odd
+    if seqlen_k >= WIDE_ROWS_MIN_KEYS.get((head_dim, causal), 0):
+        return WIDE_ROWS.get((head_dim, causal), block_m), block_n
+    return block_m, block_n
