@@ -186,6 +186,11 @@ alike:
   at 1.01x). At d = 64 and 128, with two warpgroups taking turns on the tensor cores, it
   loses 2-5%, so they keep the hoisted wait (``pv_wait="early"``, the same PTX as before).
   ``tests/test_attention_ptx.py`` reads the SASS of every default to keep it that way.
+* The same doubling came back at d = 64 with three consumer warpgroups (160 registers
+  each): with the early wait ptxas wrote 122 MUFU.EX2 a block for 64 scores. With the late
+  wait, one per score, FlashAttention-4's 192 x 128 tile beats 128 rows by 3-27%
+  non-causal (s = 512-8k, bf16) and causal from 8k keys; it is the default there
+  (``WIDE_ROWS``: pingpong, late wait).
 
 * d = 128 gains the most from overlap. Causal pingpong is level with it (ahead at short s,
   behind at 16k), so the default stays overlap.
@@ -232,52 +237,56 @@ rings) with ``cp.async.mbarrier.arrive.noinc`` when their copies land, so a barr
 the async one. TMA zero-fills key rows past s_k. The cp.async producer writes zeros into V's
 rows there, and K's rows there are masked to -inf anyway.
 
-Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-12-01,
-``python benchmarks/attention.py``, 05:27 UTC; the GPU tests of that build passed then;
-cuDNN, tma and cp_async are the medians of a single pass and two alternating rounds).
-Section 6 of this script prints this from the JSON.
+Measured on the H200 (NVIDIA H200, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, 2026-12-04,
+``python benchmarks/attention.py``; the GPU tests of that build passed then; cuDNN, FA4, tma
+and cp_async are the medians of a single pass and two alternating rounds; the ablation
+columns are single passes, each beside the default's). Section 6 of this script prints this
+from the JSON.
 
-    == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-12-01)
+    == 6. Measured on the H200 (benchmarks/results/attention.json, 2026-12-04)
     TFLOP/s (FLOPs 4 b h s^2 d, halved when causal; 16k tokens per batch, h = 2048 / d;
-     cudnn, tma, cp_async: medians of a single pass and rounds alternating them)
-    dtype      d      s  mask        cudnn    fa2    tma  cp_async  tma/cudnn
-    float16   64  16384  non-causal    454    307    451       428       0.99
-    float16  128    512  non-causal    519    302    520       472       1.00
-    float16  128   8192  non-causal    634    330    655       573       1.03
-    float16  128   8192  causal        554    313    616       524       1.11
-    float16  256  16384  causal        596    283    732       600       1.23
-    bfloat16 128  16384  causal        613    316    675       553       1.10
-    over all 72 cells: tma/cudnn geomean 1.038 (0.930 to 1.249)
-    geomean by s: 512 0.97, 1024 1.02, 2048 1.04, 4096 1.06, 8192 1.07, 16384 1.07
-    d = 128, s >= 2k: 1.021 to 1.128, at or above cuDNN in 16 of 16 cells
-    peak: 772 TFLOP/s (bfloat16, d = 256, causal, s = 16384)
-    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.123x
+     cudnn, fa4, tma, cp_async: medians of a single pass and rounds alternating them)
+    dtype      d      s  mask        cudnn    fa2    fa4    tma  cp_async  tma/cudnn
+    float16   64  16384  non-causal    446    300    525    476       474       1.07
+    float16  128    512  non-causal    508    299    438    508       466       1.00
+    float16  128   8192  non-causal    607    333    675    627       554       1.03
+    float16  128   8192  causal        557    293    660    567       511       1.02
+    float16  256  16384  causal        572    274    757    627       576       1.10
+    bfloat16 128  16384  causal        593    306    690    604       540       1.02
+    over all 72 cells: tma/cudnn geomean 1.030 (0.929 to 1.176)
+    geomean by s: 512 0.97, 1024 1.01, 2048 1.05, 4096 1.04, 8192 1.05, 16384 1.06
+    d = 128, s >= 2k: 1.004 to 1.093, at or above cuDNN in 16 of 16 cells
+    peak: 716 TFLOP/s (bfloat16, d = 256, non-causal, s = 16384)
+    FlashAttention-4 (its SM90 forward, in the same rounds): tma/fa4 geomean 0.988 (lowest 0.829)
+    TMA vs cp.async: TMA faster in 72 of 72 cells, median 1.114x
     ablation, fp16 TMA: serial / overlap / pingpong, persistent (default *) | one CTA per tile
-      d= 64 s= 8192 non-causal  424  /  466  /  456* |  444
-      d= 64 s= 8192 causal      401  /  455* /  411  |  424
-      d=128 s= 8192 non-causal  524  /  675* /  635  |  621
-      d=128 s= 8192 causal      530  /  650* /  625  |  585
-      d=256 s= 8192 non-causal  622  /  735* /  683  |  727
-      d=256 s=16384 causal      629  /  727* /  689  |  709
-    the default over serial / overlap / pingpong, median over fp16 cells: 1.137 / 1.013 / 1.048
-    the persistent grid over one CTA per tile, median over all 72 cells: 1.122x (slower in 1)
-    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.95x to 1.81x
+      d= 64 s= 8192 non-causal  424  /  526  /  486* |  479
+      d= 64 s= 8192 causal      437  /  461  /  439* |  474
+      d=128 s= 8192 non-causal  539  /  663* /  630  |  612
+      d=128 s= 8192 causal      512  /  618* /  600  |  565
+      d=256 s= 8192 non-causal  598  /  696* /  661  |  691
+      d=256 s=16384 causal      604  /  713* /  642  |  677
+    the default over serial / overlap / pingpong, median over fp16 cells: 1.102 / 0.991 / 0.997
+    the persistent grid over one CTA per tile, median over 36 fp16 cells: 1.103x (slower in 6)
+    d = 64: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.99x to 1.55x
     d = 256: the default block over the benchmark's alternative (ALT_BLOCKS), fp16: 0.96x to 1.17x
-    the tma column re-times the default kernel: 0.986x to 1.063x its ablation timing (median 1.011)
+    the tma column re-times the default kernel: 0.880x to 1.079x its ablation timing (median 0.993)
 
-Over the 72 cells the TMA kernel reaches a geomean 1.038 of cuDNN (1.029 from the single
-pass, which timed cuDNN first on a cooler card; the grid before it 1.019, the build before
-the wait moved 0.992; 0.926 before the epilogue below). By sequence length
-it is 0.97 (512), 1.02 (1k), 1.04 (2k), 1.06 (4k), 1.07 (8k) and 1.07 (16k); by head dim and
-mask 0.98 / 0.98 (64), 1.03 / 1.08 (128) and 1.05 / 1.12 (256, non-causal / causal). At
-d = 128 and s >= 2k it runs at 1.021-1.128 of cuDNN, at or above it in all 16 cells (the
-single pass: 15, bf16 non-causal 16k at 0.998; another run: 15, fp16 non-causal 4k at
-0.989). The peak is 772 TFLOP/s, at d = 256. d = 64 is the weakest head dim
-(0.94-1.01): there the exp2s keep the MUFU pipe as busy as the GEMMs keep the tensor pipe,
-for cuDNN as well (Nsight Compute: 53% and 51%), and FlashAttention-4's way out, a share
-of the exp2s computed by a cubic on the FMA pipe, measured slower on the H200 (the cubic's
-FMA and ALU instructions cost more issue slots than MUFU saves) and was removed
-(``docs/perf-log.md``).
+Over the 72 cells the TMA kernel reaches a geomean 1.030 of cuDNN and 0.988 of
+FlashAttention-4's SM90 forward, timed in the same rounds (the grid before FA4 joined the
+rounds measured 1.038 of cuDNN: the card runs every kernel slower beside FA4's, ours a
+little more; ``docs/perf-log.md``). By sequence length it is 0.97 (512) to 1.06 (16k) of
+cuDNN. At d = 128 and s >= 2k it runs at 1.004-1.093 of cuDNN, at or above it in all 16
+cells. Against FA4 it leads at short lengths (1.17-1.36x at s = 512) and trails on long
+causal walks (0.83-0.89x at s >= 8k), where FA4 runs fewer instructions per key block.
+At d = 64 the exp2s keep the MUFU pipe as busy as the GEMMs keep the tensor pipe, and the
+third consumer warpgroup is what hides one behind the other: the default tile there is
+FlashAttention-4's 192 x 128 (``WIDE_ROWS``; causal from 8k keys). It only pays with P V's
+wait late: at 160 registers a consumer, the early wait made ptxas compute every exp2 twice
+(122 MUFU.EX2 a block for 64 scores), which is why this tile once measured slower than 128
+rows. The ablation's single passes disagree with the alternating rounds on pingpong against
+overlap at 192 rows (here overlap led at 8k; in rounds pingpong led by 2-4%,
+``docs/perf-log.md``): on this power-capped card single passes drift 5-10%.
 
 What closed most of the gap at short sequences was the epilogue. Nsight Compute's source
 counters (d = 128, s = 512) put a quarter of the consumers' stall
@@ -289,9 +298,8 @@ one 16-byte store. The epilogue's samples fell from 3,726 to 1,443, and the kern
 s = 512 from 155.6 to 134.7 us against cuDNN's 131.7 (``docs/perf-log.md``): the
 tensor pipe is busy 61% of the time against cuDNN's 62% (it was 52%).
 
-FlashAttention-3's d = 64 tile, 192 query rows for three consumer warpgroups
-(``block_m=192``), is here too, and the ALT_BLOCKS line above measures it: it gives each
-consumer 160 registers, which forces 96-key stages, and it loses, above all causal.
+The ALT_BLOCKS line above measures the default tile against another: at d = 64
+non-causal 192 rows against 128, causal the 96-key 192-row tile of FlashAttention-3.
 """
 
 from __future__ import annotations
@@ -616,8 +624,9 @@ def measured() -> str:
     def single(r):  # the default's single-pass timing, beside which the ablations ran
         return r.get("selection", {}).get("tma", r["tma"])
 
-    slower = sum(single(r) < r["tma_one_cta_per_tile"] for r in timed)
-    print(f"the persistent grid over one CTA per tile, median over all {len(ratios)} cells: "
+    ablated = [r for r in timed if r.get("tma_one_cta_per_tile")]
+    slower = sum(single(r) < r["tma_one_cta_per_tile"] for r in ablated)
+    print(f"the persistent grid over one CTA per tile, median over {len(ablated)} fp16 cells: "
           f"{summary['median_default_over_one_cta_per_tile']:.3f}x (slower in {slower})")
     alt = [(r["d"], single(r) / r["tma_alt_blocks"]) for r in rows if r.get("tma_alt_blocks")]
     for d in sorted({d for d, _ in alt}):
