@@ -31,7 +31,9 @@ class Consumers:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP
-        wg = ctid // WARPGROUP  # 0 .. consumers - 1: rows [64 wg, 64 wg + 64) of the block
+        # 0 .. consumers - 1: rows [64 wg, 64 wg + 64) of the block; warp-uniform, so the
+        # operand descriptors built from it stay in uniform registers
+        wg = cute.arch.make_warp_uniform(ctid // WARPGROUP)
         lane = tidx % 32
         warp_in_wg = (ctid % WARPGROUP) // 32
         qk_thr = qk_mma.get_slice(wg * WARPGROUP)
@@ -298,7 +300,7 @@ class Consumers:
         the next warpgroup (arrive on its barrier). The warpgroup is read from the thread index
         at each call rather than kept: a value live across the whole tile loop cost ptxas a
         few spilled registers at d = 128."""
-        wg = cute.arch.thread_idx()[0] // WARPGROUP - 1
+        wg = cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // WARPGROUP - 1)
         if cutlass.const_expr(pass_on):
             wg = (wg + 1) % self.cfg.consumers
         turn = pipeline.NamedBarrier(barrier_id=int(AttentionBarrier.TURN) + wg,
