@@ -205,8 +205,9 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
 
 def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
     """The kernels ``cutetma.attention`` launches for each (head dim, causal), dtype and load
-    (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values), and where
-    short odd key lengths take other tiles (``dense_tiles``), those too."""
+    (``AttentionConfig(head_dim, causal, load)``: its shapes are runtime values), every tile
+    the keys' length may pick (``dense_tiles``: d = 64's 192 rows, short odd lengths' 160
+    keys)."""
     from cutetma.kernels.attention import AttentionConfig
     from cutetma.kernels.attention.config import dense_tiles
 

@@ -32,7 +32,8 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 SPLIT_KV_UNSUPPORTED = {(256, "cp_async", True)}
 # (block_m, block_n) per (head_dim, causal): 128 query rows (two consumer warpgroups) at every
 # head dim; d = 256 with FlashAttention-3's 80-key stages (Q 64 KiB + 2 x (K + V) 160 KiB of
-# shared memory). block_m=192 (three consumer warpgroups, d = 64 only) measured slower.
+# shared memory). What the paged and FP8 kernels and a bare AttentionConfig take; the dense
+# torch face widens d = 64 to 192 rows (three consumer warpgroups, WIDE_ROWS).
 BLOCKS = {(64, False): (128, 128), (64, True): (128, 128), (128, False): (128, 128),
           (128, True): (128, 128), (256, False): (128, 80), (256, True): (128, 80)}
 # Key blocks by the keys' length (``dense_tile``): non-causal at d = 64 / 128, a length that
@@ -334,7 +335,7 @@ def dense_tile(head_dim: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
     ``ODD_KEY_BLOCK``'s where it saves a block of a short odd length, else ``BLOCKS``' with
     ``WIDE_ROWS``' query rows (from ``WIDE_ROWS_MIN_KEYS`` keys where that names a minimum)."""
     block_m, block_n = BLOCKS[(head_dim, causal)]
-    if (not causal and head_dim in ODD_KEY_BLOCK and seqlen_k % block_n):
+    if not causal and head_dim in ODD_KEY_BLOCK and seqlen_k % block_n:
         odd = ODD_KEY_BLOCK[head_dim]
         blocks = math.ceil(seqlen_k / odd)
         if blocks < math.ceil(seqlen_k / block_n) and blocks <= ODD_KEY_BLOCK_MAX[head_dim]:
