@@ -552,7 +552,8 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
     S and the softmax's exp2s (they run under P V); with "early" one does. And one exp2 per
     score (block_n / 2 per thread, plus the two rescale factors): ptxas wrote every d = 256
     exp2 twice while the wait sat in the softmax's block; and a wait for P V written before
-    the softmax once ran the softmax after P V at every head dim."""
+    the softmax once ran the softmax after P V at every head dim. And no R2UR: the operand
+    descriptors are built in uniform registers."""
     from cutetma.kernels.attention.config import WIDE_ROWS
 
     configs = [AttentionConfig(head_dim=d, causal=causal)
@@ -576,6 +577,9 @@ def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
         assert exps[0] > wait_s, cfg
         assert bool(before_softmax) == (cfg.pv_wait == "early"), (cfg, waits_pv, wait_s, exps)
         assert len(exps) == cfg.block_n // 2 + 2, (cfg, len(exps))
+        # the operand descriptors stay in uniform registers (the consumer's warpgroup index
+        # is marked warp-uniform): no R2UR moves per block (8 at d = 64 without the mark)
+        assert not any(op.startswith("R2UR") for op in loop), cfg
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
