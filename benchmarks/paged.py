@@ -148,10 +148,16 @@ def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False)
         load: (lambda load=load: cutetma.attention_with_kvcache(
             q, k_cache, v_cache, lens, table, causal=causal, load=load))
         for load in loads}
-    if causal and "tma" in loads and q.shape[1] > 1:  # prefill and chunked, not decode
-        # the default wait for P V (tuning.attention.PAGED_PV_WAIT: "late"), against "early"
-        columns["tma_early"] = lambda: with_paged_pv_wait(
-            (q.shape[-1], causal), "early", lambda: cutetma.attention_with_kvcache(
+    if "tma" in loads and q.shape[1] > 1:  # prefill and chunked, not decode
+        # the default wait for P V (tuning.attention.PAGED_PV_WAIT, else the dense PV_WAIT)
+        # against the other place: tma_early (causal d = 128) or tma_late
+        from cutetma.kernels.attention.config import PV_WAIT
+        from cutetma.tuning.attention import paged_pv_wait
+
+        d = q.shape[-1]
+        other = {"early": "late", "late": "early"}[paged_pv_wait(d, causal) or PV_WAIT[d]]
+        columns[f"tma_{other}"] = lambda: with_paged_pv_wait(
+            (d, causal), other, lambda: cutetma.attention_with_kvcache(
                 q, k_cache, v_cache, lens, table, causal=causal, load="tma"))
     columns["dense"] = lambda: cutetma.attention(q, k, v, causal=causal)
     peer, why = fa4()
@@ -247,9 +253,11 @@ def summarize(rows) -> dict:
         for other in ("cp_async", "fa4"):
             pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
             out[f"{phase}_tma_over_{other}"] = geomean(pairs)
-        late = [(r["tma"], r["tma_early"]) for r in mine if r.get("tma_early") and r.get("tma")]
-        if late:
-            out[f"{phase}_late_over_early"] = geomean(late)
+        for other in ("early", "late"):  # the default over its other wait (contenders)
+            pairs = [(r["tma"], r[f"tma_{other}"]) for r in mine
+                     if r.get(f"tma_{other}") and r.get("tma")]
+            if pairs:
+                out[f"{phase}_default_over_{other}_wait"] = geomean(pairs)
     return out
 
 

@@ -42,7 +42,8 @@ MAX_SPLITS = 64
 # kernel's ``PV_WAIT``: "late" for causal pages at d = 128, whose "early" PTX computes P twice
 # per key block (184 exp instructions against 130). H200, b 4, s 4k, h 32 / 8, bf16, TMA:
 # 600 / 598 TFLOP/s at pages 16 / 64 against 422 / 469 "early" (dense: 610 / 621; FA4's paged
-# 528 / 550); ``benchmarks/paged.py`` times "early" beside it (``tma_early``)
+# 528 / 550); ``benchmarks/paged.py`` times each prefill row's other wait beside the default
+# (``tma_early`` here, ``tma_late`` where the default is early)
 PAGED_PV_WAIT: dict = {(128, True): "late"}
 
 
