@@ -406,7 +406,8 @@ class FlashAttentionBackwardSm90:
         dtype = smem.sK.element_type
         tidx, _, _ = cute.arch.thread_idx()
         ctid = tidx - WARPGROUP
-        wg = ctid // WARPGROUP
+        # warp-uniform, so the operand descriptors built from it stay in uniform registers
+        wg = cute.arch.make_warp_uniform(ctid // WARPGROUP)
         first = wg * WARPGROUP  # the warpgroup's slice of each tiled MMA (its operands)
         sdp_wg, dkv_wg, dq_wg = (m.get_slice(first) for m in (sdp_mma, dkv_mma, dq_mma))
         sQt, sdOt, sKt = _transposed(smem.sQ), _transposed(smem.sdO), _transposed(smem.sK)
