@@ -149,14 +149,14 @@ class AttentionConfig:
         if not self.stages:
             object.__setattr__(self, "stages", min(3, self.max_stages))
         if not self.schedule:  # three consumer warpgroups: pingpong (WIDE_ROWS)
-            schedule = ("pingpong" if self.block_m == 192 else
+            schedule = ("pingpong" if self.consumers == 3 else
                         BEST_SCHEDULE[(self.head_dim, self.causal)])
             if self.pack_gqa and schedule == "pingpong":
                 schedule = "overlap"  # an idle warpgroup takes no turns
             object.__setattr__(self, "schedule", schedule)
         if not self.pv_wait:  # three consumer warpgroups: late (WIDE_ROWS)
             object.__setattr__(self, "pv_wait",
-                               "late" if self.block_m == 192 else PV_WAIT[self.head_dim])
+                               "late" if self.consumers == 3 else PV_WAIT[self.head_dim])
         if self.pv_wait not in PV_WAITS:
             raise ValueError(f"pv_wait={self.pv_wait!r}: one of {PV_WAITS}")
         if self.schedule not in SCHEDULES:
