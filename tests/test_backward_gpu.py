@@ -21,7 +21,7 @@ def inputs(b, s_q, s_k, h, h_kv, d, dtype, seed=0):
         randn(b, s_q, h, d)
 
 
-def check(b, s_q, s_k, h, h_kv, d, causal, load="tma", dtype="bfloat16"):
+def check(b, s_q, s_k, h, h_kv, d, causal, load="tma", dtype="bfloat16", **fields):
     import torch
 
     import cutetma
@@ -29,7 +29,13 @@ def check(b, s_q, s_k, h, h_kv, d, causal, load="tma", dtype="bfloat16"):
 
     q, k, v, dout = inputs(b, s_q, s_k, h, h_kv, d, dtype)
     out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
-    grads = cutetma.attention_backward(dout, q, k, v, out, lse, causal=causal, load=load)
+    config = None
+    if fields:  # a BackwardConfig other than the default
+        from cutetma.kernels.attention.config import BackwardConfig
+
+        config = BackwardConfig(head_dim=d, causal=causal, load=load, **fields)
+    grads = cutetma.attention_backward(dout, q, k, v, out, lse, causal=causal, load=load,
+                                       config=config)
     torch.cuda.synchronize()
     ref = attention_grads_ref(dout, q, k, v, causal)
     low = attention_grads_ref(dout, q, k, v, causal, dtype=q.dtype)
@@ -57,6 +63,14 @@ def test_odd_lengths(s_q, s_k, causal):
     """Tails in both lengths; bottom-right causal with fewer queries than keys and more
     (rows that see no key get zero gradients)."""
     check(1, s_q, s_k, 2, 2, 128, causal)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("s_q,s_k", [(512, 512), (333, 333), (1, 129), (300, 100)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_128_query_blocks(s_q, s_k, causal, load):
+    """The 128-query tile at d = 64: one block, tails, rows that see no key."""
+    check(2, s_q, s_k, 2, 2, 64, causal, load, block_m=128)
 
 
 @pytest.mark.parametrize("h,h_kv", [(6, 2), (4, 1)])

@@ -304,4 +304,5 @@ def test_late_wait_computes_p_once_in_the_paged_causal_kernel():
     from cutetma.tuning import attention as attention_tuning
 
     assert attention_tuning.paged_pv_wait(128, True) == "late"  # timed: docs/design.md
+    assert attention_tuning.paged_pv_wait(128, False) == "late"
     assert attention_tuning.paged_pv_wait(128, True, pack_gqa=True) == ""  # decode: not timed

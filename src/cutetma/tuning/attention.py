@@ -39,12 +39,13 @@ MAX_SPLITS = 64
 
 
 # where the paged kernel waits for P V, per (head dim, causal), where it differs from the dense
-# kernel's ``PV_WAIT``: "late" for causal pages at d = 128, whose "early" PTX computes P twice
-# per key block (184 exp instructions against 130). H200, b 4, s 4k, h 32 / 8, bf16, TMA:
-# 600 / 598 TFLOP/s at pages 16 / 64 against 422 / 469 "early" (dense: 610 / 621; FA4's paged
-# 528 / 550); ``benchmarks/paged.py`` times each prefill row's other wait beside the default
-# (``tma_early`` here, ``tma_late`` where the default is early)
-PAGED_PV_WAIT: dict = {(128, True): "late"}
+# kernel's ``PV_WAIT``: "late" at d = 128, whose "early" PTX computes P twice per key block
+# (causal: 184 exp instructions against 130; non-causal: 89 for 64 scores against 66).
+# H200, b 4, s 4k, h 32 / 8, bf16, TMA, late vs early: causal 600 / 598 TFLOP/s at pages 16 /
+# 64 against 422 / 469 (dense: 610 / 621; FA4's paged 528 / 550); non-causal 668 / 670 at
+# pages 64 / 128 against 559 / 571 (dense 638 / 666, FA4's paged 569 / 646). ``benchmarks/
+# paged.py`` times each prefill row's other wait beside the default (``tma_early``)
+PAGED_PV_WAIT: dict = {(128, True): "late", (128, False): "late"}
 
 
 def paged_pv_wait(head_dim: int, causal: bool, pack_gqa: bool = False) -> str:

@@ -2,7 +2,8 @@
 load mechanism a parameter (FlashAttention-3's structure; ``BackwardConfig``).
 
 One CTA per (key block n, head, batch): its 128 keys' K and V stay in shared memory while it
-walks the query blocks that see them, 64 queries at a time. Per query block m::
+walks the query blocks that see them, 64 queries at a time (128 at d = 64, FA4's tile: dV is
+then issued after the dS math, which its registers need). Per query block m::
 
     producer        Q_m, dO_m, LSE_m, D_m (TMA,  ---> Q / dO / LSE / D ring (full / empty
                     or cp.async by a warpgroup)        pairs); K_n, V_n once, own barrier
@@ -30,6 +31,10 @@ vectors) with an LSE of +inf, so they add nothing. Both consumer warpgroups writ
 half of dS into one of two buffers (alternating by query block), so a warpgroup never
 overwrites a buffer the other may still read: to write block m + 2's dS it must have passed
 block m + 1's DS_READY, which the other reaches only after finishing block m's dQ.
+
+The first query block's dV and dK GEMMs start from zero (the MMA's accumulate flag), not from
+zeroed registers: ptxas serializes every WGMMA when other instructions write an accumulator
+while one is in flight, and a zero-fill placed by the scheduler is such a write.
 
 Constraints: d in {64, 128} (d = 256 needs dK / dV tiles transposed, as FlashAttention-3's,
 not built). The fp32 reductions make dQ's low bits depend on the order the key blocks
@@ -69,6 +74,12 @@ def stage_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
     atom = warpgroup.make_smem_layout_atom(
         sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols), dtype)
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def stores_kv_tma(cfg, same_dtype: bool) -> bool:
+    """Whether dK and dV leave by TMA through the freed Q and dO stages (a stage of 64 rows
+    per consumer warpgroup's 64 keys): 16-bit outputs, 64-query blocks."""
+    return same_dtype and cfg.stages >= cfg.consumers and cfg.block_m == 64
 
 
 def _transposed(sX):
@@ -139,7 +150,7 @@ class FlashAttentionBackwardSm90:
         # the host) from the registers. (The
         # store atoms are built from Q's view where they go unused: an fp32 view has no
         # 16-bit box.)
-        stores_kv = mdK.element_type == dtype and cfg.stages >= cfg.consumers
+        stores_kv = stores_kv_tma(cfg, mdK.element_type == dtype)
         mdK_box, mdV_box = (aligned(x) for x in (mdK, mdV)) if stores_kv else (mQ, mQ)
         tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sQ_layout, (None, None, 0)),
                                          (bm, d))
@@ -435,8 +446,6 @@ class FlashAttentionBackwardSm90:
         kv_shape = dkv_wg.partition_shape_C((cfg.block_n, cfg.head_dim))
         acc_dv = cute.make_rmem_tensor(kv_shape, cutlass.Float32)
         acc_dk = cute.make_rmem_tensor(kv_shape, cutlass.Float32)
-        acc_dv.fill(0.0)
-        acc_dk.fill(0.0)
         acc_dq = cute.make_rmem_tensor(dq_wg.partition_shape_C((cfg.block_m, cfg.head_dim)),
                                        cutlass.Float32)
         # P^T and dS^T in 16 bits, element by element: the A fragments of dV and dK (the
@@ -452,7 +461,6 @@ class FlashAttentionBackwardSm90:
         scale_log2 = softmax_scale * LOG2_E
         ds_ready = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DS_READY),
                                          num_threads=cfg.consumers * WARPGROUP)
-        dkv_mma.set(warpgroup.Field.ACCUMULATE, True)
 
         cute.arch.mbarrier_wait(kv_full, 0)
         if cutlass.const_expr(cfg.load == "cp_async"):
@@ -468,53 +476,30 @@ class FlashAttentionBackwardSm90:
         dq_free = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DQ_STAGED) + wg,
                                         num_threads=WARPGROUP)
         leader = (ctid % WARPGROUP) // 32 == 0  # the warp whose lane issues the reductions
+        ops = SimpleNamespace(
+            sdp_mma=sdp_mma, dkv_mma=dkv_mma, dq_mma=dq_mma, smem=smem, tile=tile,
+            acc_s=acc_s, acc_dp=acc_dp, acc_dv=acc_dv, acc_dk=acc_dk, acc_dq=acc_dq,
+            tSrK=tSrK, tSrQ=tSrQ, tSrV=tSrV, tSrdO=tSrdO, tVrdOt=tVrdOt, tKrQt=tKrQt,
+            tQrdS=tQrdS, tQrKt=tQrKt, tPr=tPr, tdSr=tdSr, tPr_as_s=tPr_as_s,
+            tdSr_as_s=tdSr_as_s, tScS=tScS, cols=cols, scale_log2=scale_log2, key0=key0,
+            r2s_ds=r2s_ds, r2s_ds_thr=r2s_ds_thr, tSsdS=tSsdS, ds_ready=ds_ready,
+            tma_dq=tma_dq, tDsD=tDsD, tDgD=tDgD, dq_box0=dq_box0, dq_free=dq_free,
+            leader=leader, wg=wg, thread=ctid % WARPGROUP, mTurns=mTurns)
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
-            q0 = m * cfg.block_m
-            self.loader.consumer_wait(pipe, read)
             stage = read.index
-            # S^T and dP^T, two groups: P is computed while dP^T still runs
-            self._issue_ss(sdp_mma, acc_s, tSrK, tSrQ, 0, stage)
-            warpgroup.commit_group()
-            self._issue_ss(sdp_mma, acc_dp, tSrV, tSrdO, 0, stage)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-            self._mask(acc_s, tScS, key0, q0, tile)
-            for j, lse in self._per_column(smem.sLSE, tScS, cols, stage):
-                for i in cols.values_of[j]:
-                    acc_s[i] = cute.math.exp2(acc_s[i] * scale_log2 - lse, fastmath=True)
-            tPr_as_s.store(acc_s.load().to(dtype))
-            # dV += P^T dO runs while dS is computed
-            warpgroup.fence()
-            self._issue_rs(dkv_mma, acc_dv, tPr, tVrdOt, stage)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-            for j, dsum in self._per_column(smem.sD, tScS, cols, stage):
-                for i in cols.values_of[j]:
-                    acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum)
-            tdSr_as_s.store(acc_dp.load().to(dtype))
-            buf = (m - tile.m_lo) % 2
-            cute.copy(r2s_ds, r2s_ds_thr.retile(tdSr_as_s), tSsdS[(None, None, None, buf)])
-            cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
-            ds_ready.arrive_and_wait()  # both halves of dS are in
-            # dQ first, then dK: dQ is staged and sent while dK's GEMM runs
-            self._issue_ss(dq_mma, acc_dq, tQrdS, tQrKt, buf, 0)
-            warpgroup.commit_group()
-            warpgroup.fence()
-            self._issue_rs(dkv_mma, acc_dk, tdSr, tKrQt, stage)  # dK += dS^T Q
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-            self._stage_dq(acc_dq, smem.sdQ, wg, ctid % WARPGROUP, dq_free, leader)
-            if leader:  # a whole warp: the TMA copy elects its own lane
-                if cutlass.const_expr(cfg.deterministic):
-                    self._wait_turn(mTurns, m, tile)
-                cute.copy(tma_dq, tDsD[(None, wg)], tDgD[(None, dq_box0 + m * cfg.consumers)])
-                tma.commit()
-                if cutlass.const_expr(cfg.deterministic):
-                    self._pass_turn(mTurns, m, tile)
+            self.loader.consumer_wait(pipe, read)
+            self._issue_scores(ops, stage)
+            self._scores_to_ds(ops, m, stage)
+            self._issue_grads(ops, m, stage)
+            warpgroup.wait_group(1)  # dV and dQ done
+            self._send_dq(ops, m)
             warpgroup.wait_group(0)  # dK has read Q's stage
             self.loader.consumer_release(pipe, read)
             read.advance()
-        if cutlass.const_expr(mdK.element_type == dtype and cfg.stages >= cfg.consumers):
+        if tile.m_lo == tile.m_hi:  # no query sees these keys: no GEMM wrote dK, dV
+            acc_dk.fill(0.0)
+            acc_dv.fill(0.0)
+        if cutlass.const_expr(stores_kv_tma(cfg, mdK.element_type == dtype)):
             self._store_kv_tma(acc_dk, acc_dv, dkv_mma, ctid, smem, kv_stores, ds_ready,
                                dq_free, leader, tile, softmax_scale)
         else:
@@ -522,6 +507,88 @@ class FlashAttentionBackwardSm90:
                            softmax_scale)
         if leader:
             tma.wait(0)  # the last reduction and stores have read their buffers
+
+    @cute.jit
+    def _issue_scores(self, ops, stage):
+        """S^T = K Q^T and dP^T = V dO^T of the query block in ``stage``: two groups, so P
+        is computed while dP^T still runs."""
+        self._issue_ss(ops.sdp_mma, ops.acc_s, ops.tSrK, ops.tSrQ, 0, stage)
+        warpgroup.commit_group()
+        self._issue_ss(ops.sdp_mma, ops.acc_dp, ops.tSrV, ops.tSrdO, 0, stage)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _scores_to_ds(self, ops, m, stage):
+        """Block m's S^T and dP^T (issued) -> P^T (into dV += P^T dO, issued) and dS^T
+        into this warpgroup's half of the block's dS buffer, both halves in on return."""
+        cfg = self.cfg
+        dtype = ops.smem.sK.element_type
+        acc_s, acc_dp = ops.acc_s, ops.acc_dp
+        # the LSE read while S^T still runs, D while dP^T does (read where used, each
+        # shared-memory latency stalled the exp2 or the subtraction waiting on it)
+        if cutlass.const_expr(cfg.block_m == 64):
+            lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage)
+        warpgroup.wait_group(1)  # S^T done
+        self._mask(acc_s, ops.tScS, ops.key0, m * cfg.block_m, ops.tile)
+        if cutlass.const_expr(cfg.block_m != 64):
+            lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage)
+        for j, lse in lses:
+            for i in ops.cols.values_of[j]:
+                acc_s[i] = cute.math.exp2(acc_s[i] * ops.scale_log2 - lse, fastmath=True)
+        if cutlass.const_expr(cfg.block_m == 64):
+            dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
+        ops.tPr_as_s.store(acc_s.load().to(dtype))
+        dv_first = cfg.block_m == 64
+        if cutlass.const_expr(dv_first):  # dV += P^T dO runs while dS is computed
+            warpgroup.fence()
+            self._issue_rs(ops.dkv_mma, ops.acc_dv, ops.tPr, ops.tVrdOt, stage,
+                           m > ops.tile.m_lo)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)  # dP^T done
+        else:
+            warpgroup.wait_group(0)  # dP^T done
+        if cutlass.const_expr(cfg.block_m != 64):
+            dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
+        for j, dsum in dsums:
+            for i in ops.cols.values_of[j]:
+                acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum)
+        ops.tdSr_as_s.store(acc_dp.load().to(dtype))
+        if cutlass.const_expr(not dv_first):  # dV += P^T dO runs while dS is stored
+            warpgroup.fence()
+            self._issue_rs(ops.dkv_mma, ops.acc_dv, ops.tPr, ops.tVrdOt, stage,
+                           m > ops.tile.m_lo)
+            warpgroup.commit_group()
+        buf = (m - ops.tile.m_lo) % 2
+        cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tdSr_as_s),
+                  ops.tSsdS[(None, None, None, buf)])
+        cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
+        ops.ds_ready.arrive_and_wait()  # both halves of dS are in
+
+    @cute.jit
+    def _issue_grads(self, ops, m, stage):
+        """dQ_m = dS K (this warpgroup's half of d) and dK += dS^T Q, two groups: dQ is
+        staged and sent while dK's GEMM runs."""
+        buf = (m - ops.tile.m_lo) % 2
+        self._issue_ss(ops.dq_mma, ops.acc_dq, ops.tQrdS, ops.tQrKt, buf, 0)
+        warpgroup.commit_group()
+        warpgroup.fence()
+        self._issue_rs(ops.dkv_mma, ops.acc_dk, ops.tdSr, ops.tKrQt, stage, m > ops.tile.m_lo)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _send_dq(self, ops, m):
+        """dQ_m (its GEMM done) staged, then added into the accumulator by one TMA
+        reduction (in key-block order where deterministic)."""
+        cfg = self.cfg
+        self._stage_dq(ops.acc_dq, ops.smem.sdQ, ops.wg, ops.thread, ops.dq_free, ops.leader)
+        if ops.leader:  # a whole warp: the TMA copy elects its own lane
+            if cutlass.const_expr(cfg.deterministic):
+                self._wait_turn(ops.mTurns, m, ops.tile)
+            cute.copy(ops.tma_dq, ops.tDsD[(None, ops.wg)],
+                      ops.tDgD[(None, ops.dq_box0 + m * cfg.consumers)])
+            tma.commit()
+            if cutlass.const_expr(cfg.deterministic):
+                self._pass_turn(ops.mTurns, m, ops.tile)
 
     @staticmethod
     def _per_column(sX, tScS, cols, stage):
@@ -556,16 +623,24 @@ class FlashAttentionBackwardSm90:
     def _issue_ss(self, mma, acc, tA, tB, a_stage, b_stage):
         """acc = A B^T over the k-steps, both operands in shared memory (not committed)."""
         warpgroup.fence()
+        # a fresh atom, not the tiled MMA's field: a field set inside a branch or loop does
+        # not reach uses outside it (IR dominance)
+        atom = cute.make_mma_atom(mma.op)
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(mma, acc, tA[(None, None, kb, a_stage)], tB[(None, None, kb, b_stage)],
+            atom.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(atom, acc, tA[(None, None, kb, a_stage)], tB[(None, None, kb, b_stage)],
                       acc)
 
     @cute.jit
-    def _issue_rs(self, mma, acc, tA, tB, b_stage):
-        """acc += A B^T, A from registers (not committed)."""
+    def _issue_rs(self, mma, acc, tA, tB, b_stage, accumulate):
+        """acc += A B^T (acc = A B^T where ``accumulate`` is false: the first query block's,
+        so no instruction but the WGMMAs ever writes the dK / dV accumulators, which ptxas
+        needs to keep WGMMAs in flight across other code), A from registers (not
+        committed)."""
+        atom = cute.make_mma_atom(mma.op)
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            cute.gemm(mma, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, accumulate if kb == 0 else True)
+            cute.gemm(atom, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
 
     @cute.jit
     def _wait_turn(self, mTurns, m, tile):

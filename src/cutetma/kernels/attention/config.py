@@ -265,8 +265,9 @@ class BackwardConfig:
     """One compiled variant of ``FlashAttentionBackwardSm90`` (``backward.py``): a CTA holds
     ``block_n`` keys (64 per consumer warpgroup) and walks the query blocks of ``block_m``
     rows that see them, Q and dO through ``stages`` buffers. FlashAttention-3's tile at
-    d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed). (Its d = 64
-    tile, 128 x 128, does not fit the registers here: ptxas serializes the WGMMAs.)"""
+    d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed); at d = 64 its
+    128 x 128 tile fits too, with dV issued after the dS math and the LSE and D read where
+    used (``backward.py``)."""
 
     head_dim: int = 128
     causal: bool = False
@@ -286,8 +287,10 @@ class BackwardConfig:
                              "transposed dK / dV tiles, not built)")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
-        if (self.block_m, self.block_n) != (64, 128):
-            raise ValueError("the backward's tile is 64 queries x 128 keys")
+        if self.block_n != 128 or self.block_m not in (64, 128) or (
+                self.block_m == 128 and self.head_dim != 64):
+            raise ValueError(f"block_m={self.block_m}, block_n={self.block_n}: the backward's "
+                             "tile is 64 queries x 128 keys (128 x 128 at d = 64)")
         if self.stages not in (1, 2):
             raise ValueError(f"stages={self.stages}: 1 or 2")
 
