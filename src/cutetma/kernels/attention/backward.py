@@ -77,9 +77,11 @@ def stage_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
 
 
 def stores_kv_tma(cfg, same_dtype: bool) -> bool:
-    """Whether dK and dV leave by TMA through the freed Q and dO stages (a stage of 64 rows
-    per consumer warpgroup's 64 keys): 16-bit outputs, 64-query blocks."""
-    return same_dtype and cfg.stages >= cfg.consumers and cfg.block_m == 64
+    """Whether dK and dV leave by TMA through the freed Q and dO buffers, seen as 64-row
+    stages (one per consumer warpgroup's 64 keys): 16-bit outputs, and room for them (a
+    128-query stage at d = 64 is two 64-row stages, its swizzle atoms stacked by rows)."""
+    return same_dtype and cfg.block_m * cfg.stages >= 64 * cfg.consumers and (
+        cfg.block_m == 64 or cfg.head_dim <= 64)
 
 
 def _transposed(sX):
@@ -152,10 +154,11 @@ class FlashAttentionBackwardSm90:
         # 16-bit box.)
         stores_kv = stores_kv_tma(cfg, mdK.element_type == dtype)
         mdK_box, mdV_box = (aligned(x) for x in (mdK, mdV)) if stores_kv else (mQ, mQ)
-        tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sQ_layout, (None, None, 0)),
-                                         (bm, d))
-        tma_dv, mdV_tma = tma.store_atom(mdV_box, cute.slice_(sQ_layout, (None, None, 0)),
-                                         (bm, d))
+        sKV_layout = stage_layout(dtype, 64, d, cfg.consumers, min(d, 64))
+        tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sKV_layout, (None, None, 0)),
+                                         (64, d))
+        tma_dv, mdV_tma = tma.store_atom(mdV_box, cute.slice_(sKV_layout, (None, None, 0)),
+                                         (64, d))
 
         @cute.struct
         class Storage:
@@ -175,7 +178,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
                     mdQ_tma, tma_lse, mLSE_tma, tma_d, mD_tma, tma_dk, mdK_tma, tma_dv, mdV_tma,
                     mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, mTurns, sdp_mma, dkv_mma, dq_mma,
-                    sK_layout, sQ_layout, sdS_layout, sdQ_layout, sStat_layout,
+                    sK_layout, sQ_layout, sdS_layout, sdQ_layout, sStat_layout, sKV_layout,
                     softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
@@ -240,7 +243,8 @@ class FlashAttentionBackwardSm90:
                sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
                sK_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
-               sStat_layout: cute.Layout, softmax_scale: cutlass.Float32):
+               sStat_layout: cute.Layout, sKV_layout: cute.ComposedLayout,
+               softmax_scale: cutlass.Float32):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -257,6 +261,9 @@ class FlashAttentionBackwardSm90:
             sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            # the same buffers as dK / dV's 64-row stages (the epilogue's)
+            sQ_kv=storage.sQ.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner),
+            sdO_kv=storage.sdO.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner),
             sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
             sdQ=storage.sdQ.get_tensor(sdQ_layout),
             sLSE=storage.sLSE.get_tensor(sStat_layout), sD=storage.sD.get_tensor(sStat_layout))
@@ -703,13 +710,14 @@ class FlashAttentionBackwardSm90:
         both.arrive_and_wait()
         # the (block_n, d) C tile of dK / dV seen over the stages: key 64 w + r is row r of
         # stage w (the transposed-view trick: a composition picks the coordinates)
-        rows, d = cfg.block_m, cfg.head_dim
+        rows, d = 64, cfg.head_dim
         over_stages = cute.make_layout(((rows, cfg.consumers), d), stride=((1, rows * d), rows))
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype), dkv_mma)
         thr = r2s.get_slice(ctid)
         wg = ctid // WARPGROUP
-        for acc, sX, scale in ((acc_dk, smem.sQ, softmax_scale), (acc_dv, smem.sdO, 1.0)):
+        for acc, sX, scale in ((acc_dk, smem.sQ_kv, softmax_scale),
+                               (acc_dv, smem.sdO_kv, 1.0)):
             out = cute.make_rmem_tensor(acc.layout, dtype)
             out.store((acc.load() * scale).to(dtype))
             cute.copy(r2s, thr.retile(out), thr.partition_D(cute.composition(sX, over_stages)))
@@ -717,7 +725,8 @@ class FlashAttentionBackwardSm90:
         mine.arrive_and_wait()
         if leader:  # a whole warp: the TMA copy elects its own lane
             block = 2 * tile.n_block + wg  # this warpgroup's 64 keys
-            for atom, mX_tma, sX in ((tma_dk, mdK_tma, smem.sQ), (tma_dv, mdV_tma, smem.sdO)):
+            for atom, mX_tma, sX in ((tma_dk, mdK_tma, smem.sQ_kv),
+                                     (tma_dv, mdV_tma, smem.sdO_kv)):
                 tXsX, tXgX = tma.partition(atom, sX, cute.local_tile(
                     mX_tma[(None, None, tile.head, tile.batch)], (rows, d), (None, 0)),
                     box_rank=2)

@@ -258,6 +258,9 @@ class AttentionConfig:
 # spill instead, off the tensor cores' path
 BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (24, 240)}
 BACKWARD_HEAD_DIMS = (64, 128)
+# query rows of the backward's block per (head dim, producer), 64 where not named
+# (docs/design.md, "Attention backward")
+BACKWARD_BLOCK_M: dict = {(64, "tma"): 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +275,7 @@ class BackwardConfig:
     head_dim: int = 128
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
-    block_m: int = 64
+    block_m: int = 0  # 0: BACKWARD_BLOCK_M's, else 64
     block_n: int = 128
     stages: int = 2
     # dQ's key-block contributions added in key-block order (each CTA waits for the one
@@ -287,6 +290,9 @@ class BackwardConfig:
                              "transposed dK / dV tiles, not built)")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
+        if not self.block_m:
+            object.__setattr__(self, "block_m",
+                               BACKWARD_BLOCK_M.get((self.head_dim, self.load), 64))
         if self.block_n != 128 or self.block_m not in (64, 128) or (
                 self.block_m == 128 and self.head_dim != 64):
             raise ValueError(f"block_m={self.block_m}, block_n={self.block_n}: the backward's "
