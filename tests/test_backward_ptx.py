@@ -14,17 +14,19 @@ from cutetma.kernels.attention.config import BackwardConfig
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_ptx(d, load):
-    """Per query block and consumer warpgroup: S^T and dP^T (d / 16 m64n64k16 steps each),
-    dV and dK (4 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps, the warpgroups splitting
-    d); dQ leaves through shared memory in fragment order, one 2D TMA reduction (add) per
+    """Per query block of m rows and consumer warpgroup: S^T and dP^T (d / 16 m64n{m}k16
+    steps each), dV and dK (m / 16 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps per 64
+    rows, the warpgroups splitting d); dQ leaves through shared memory in fragment order, one 2D TMA reduction (add) per
     warpgroup; the LSE and D ride with Q and dO (3D TMA boxes, or 16-byte cp.async); the
     producer is TMA's or cp.async's."""
-    ptx = build.compile_attention_backward(BackwardConfig(head_dim=d, load=load)).ptx
+    cfg = BackwardConfig(head_dim=d, load=load)
+    m = cfg.block_m
+    ptx = build.compile_attention_backward(cfg).ptx
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)
     counts = {s: shapes.count(s) for s in set(shapes)}
     want: dict = {}
-    for shape, steps in (("m64n64k16", 2 * d // 16), (f"m64n{d}k16", 8),
-                         (f"m64n{d // 2}k16", 8)):
+    for shape, steps in ((f"m64n{m}k16", 2 * d // 16), (f"m64n{d}k16", 2 * m // 16),
+                         (f"m64n{d // 2}k16", 8 * m // 64)):
         want[shape] = want.get(shape, 0) + steps
     assert counts == want
     reductions = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add",
