@@ -16,9 +16,9 @@ from cutetma.kernels.attention.config import BackwardConfig
 def test_backward_ptx(d, load):
     """Per query block of m rows and consumer warpgroup: S^T and dP^T (d / 16 m64n{m}k16
     steps each), dV and dK (m / 16 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps per 64
-    rows, the warpgroups splitting d); dQ leaves through shared memory in fragment order, one 2D TMA reduction (add) per
-    warpgroup; the LSE and D ride with Q and dO (3D TMA boxes, or 16-byte cp.async); the
-    producer is TMA's or cp.async's."""
+    rows, the warpgroups splitting d); dQ leaves through shared memory in fragment order,
+    one 2D TMA reduction (add) per warpgroup; the LSE and D ride with Q and dO (3D TMA
+    boxes, or 16-byte cp.async); the producer is TMA's or cp.async's."""
     cfg = BackwardConfig(head_dim=d, load=load)
     m = cfg.block_m
     ptx = build.compile_attention_backward(cfg).ptx
@@ -56,6 +56,19 @@ def test_backward_ptxas(causal, load):
     assert "serialized" not in log
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
     assert spills and max(spills) <= (0 if load == "tma" else 240), log
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_128_query_tile_fits_at_d64(causal):
+    """FA4's 128 x 128 tile at d = 64 with TMA: no WGMMA serialized and no spills, which
+    needs dV / dK started by the accumulate flag (a zero-fill under an in-flight WGMMA
+    serializes them all), dV issued after the dS math and dK / dV stored through 64-row
+    views of the Q / dO stage (docs/design.md)."""
+    log = build.ptxas_log(build.compile_attention_backward(
+        BackwardConfig(head_dim=64, causal=causal, block_m=128)).ptx)
+    assert "serialized" not in log
+    assert "0 bytes spill stores" in log, log
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,

@@ -117,13 +117,9 @@ class DqPostprocess:
     the dQ MMA's fragment order (``cutetma.backward.dq_from_fragments`` spells the order out
     and is this kernel's reference): one CTA of 256 threads per (query block, head, batch),
     thread t of the two consumer warpgroups reading its own 16-byte chunks (neighbouring
-    threads, neighbouring chunks: whole lines), scaling them into the output's dtype and
-    writing each (row, column pair) into a row-major shared tile (rows padded by 16 bytes: the
-    8 rows a store instruction touches land in distinct banks); then 16 contiguous bytes of a
-    row per thread go out, whole lines again. (Storing the pairs straight from the fragments
-    wrote 16 bytes per row per instruction: a third of the memory's speed. The same in torch,
-    one permuted copy, read the accumulator 8 bytes at a time across 16-byte strides.) dQ is
-    the torch face's own contiguous (b, s_q, h, d) tensor."""
+    threads, neighbouring chunks: whole lines), scaling them and storing each (row, column
+    pair) of dQ in the output's dtype. (The same in torch, one permuted copy, read the
+    accumulator 8 bytes at a time across 16-byte strides.)"""
 
     def __init__(self, head_dim: int, block_m: int = 64):
         self.head_dim = head_dim
@@ -135,12 +131,11 @@ class DqPostprocess:
                       q_h: cutlass.Int64, q_b: cutlass.Int64, scale: cutlass.Float32,
                       stream: cuda.CUstream):
         """``pAcc``: the accumulator, (b, h, query blocks, block_m x d) fp32 contiguous;
-        ``pdQ``: dQ (b, s_q, h, d) with (seq, head, batch) strides ``q_s, q_h, q_b``, each a
-        multiple of 8 (16 bytes)."""
+        ``pdQ``: dQ (b, s_q, h, d) with (seq, head, batch) strides ``q_s, q_h, q_b``."""
         d = self.head_dim
         blocks = (seqlen_q + self.block_m - 1) // self.block_m
         acc = dq_accumulator(pAcc, self.block_m * d, blocks, heads, batch)
-        q_s, q_h, q_b = (cute.assume(x, divby=VECTOR) for x in (q_s, q_h, q_b))
+        q_s, q_h, q_b = (cute.assume(x, divby=2) for x in (q_s, q_h, q_b))
         dq = cute.make_tensor(pdQ, cute.make_layout((d, seqlen_q, heads, batch),
                                                     stride=(1, q_s, q_h, q_b)))
         self.kernel(acc, dq, scale).launch(grid=(blocks, heads, batch),
@@ -150,35 +145,24 @@ class DqPostprocess:
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: cutlass.Float32):
         block, head, batch = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
-        d, rows = self.head_dim, self.block_m
-        dtype = mdQ.element_type
+        d = self.head_dim
         seqlen_q = mdQ.shape[1]
-        tile = cutlass.memory.SmemAllocator().allocate_tensor(
-            dtype, cute.make_layout((rows, d), stride=(d + VECTOR, 1)), byte_alignment=16)
         wg, t = tidx // THREADS, tidx % THREADS
         warp, r, c = t // 32, t % 32 // 4, t % 4
         chunks_per_row = d // 16  # 4-value chunks per 64-row slab of a warpgroup's half
-        chunks = rows // 64 * chunks_per_row
+        chunks = self.block_m // 64 * chunks_per_row
         half = cute.local_tile(mAcc[(None, block, head, batch)],
                                (chunks * THREADS * 4,), (wg,))
         chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
-        pair = cute.make_rmem_tensor((2,), dtype)
+        pair = cute.make_rmem_tensor((2,), mdQ.element_type)
         for k in cutlass.range_constexpr(chunks):
             slab, j = k // chunks_per_row, k % chunks_per_row
             cute.autovec_copy(cute.local_tile(half, (4,), (k * THREADS + t,)), chunk)
             col = wg * (d // 2) + 8 * j + 2 * c
             for e1 in cutlass.range_constexpr(2):
-                row = 64 * slab + 16 * warp + 8 * e1 + r
-                pair[0] = (chunk[2 * e1] * scale).to(dtype)
-                pair[1] = (chunk[2 * e1 + 1] * scale).to(dtype)
-                cute.autovec_copy(pair, cute.local_tile(tile[(row, None)], (2,), (col // 2,)))
-        cute.arch.sync_threads()
-        pieces = d // VECTOR  # 16-byte pieces per row
-        for i in cutlass.range_constexpr(rows * pieces // (2 * THREADS)):
-            piece = i * 2 * THREADS + tidx
-            row, col = piece // pieces, piece % pieces
-            q = block * rows + row
-            if q < seqlen_q:
-                cute.autovec_copy(cute.local_tile(tile[(row, None)], (VECTOR,), (col,)),
-                                  cute.local_tile(mdQ[(None, q, head, batch)], (VECTOR,),
-                                                  (col,)))
+                q = block * self.block_m + 64 * slab + 16 * warp + 8 * e1 + r
+                if q < seqlen_q:
+                    pair[0] = (chunk[2 * e1] * scale).to(mdQ.element_type)
+                    pair[1] = (chunk[2 * e1 + 1] * scale).to(mdQ.element_type)
+                    cute.autovec_copy(pair, cute.local_tile(mdQ[(None, q, head, batch)], (2,),
+                                                            (col // 2,)))
