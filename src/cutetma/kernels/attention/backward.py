@@ -531,45 +531,45 @@ class FlashAttentionBackwardSm90:
         cfg = self.cfg
         dtype = ops.smem.sK.element_type
         acc_s, acc_dp = ops.acc_s, ops.acc_dp
-        # the LSE read while S^T still runs, D while dP^T does (read where used, each
-        # shared-memory latency stalled the exp2 or the subtraction waiting on it)
-        if cutlass.const_expr(cfg.block_m == 64):
-            lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage)
+        # 64-query blocks have the registers to read the LSE while S^T still runs and D
+        # while dP^T does (read where used, each shared-memory latency stalled the exp2 or
+        # the subtraction), and to run dV under the dS math; 128-query blocks (d = 64) read
+        # them where used and issue dV after it
+        narrow = cfg.block_m == 64
+        lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage) if narrow else None
         warpgroup.wait_group(1)  # S^T done
         self._mask(acc_s, ops.tScS, ops.key0, m * cfg.block_m, ops.tile)
-        if cutlass.const_expr(cfg.block_m != 64):
+        if cutlass.const_expr(not narrow):
             lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage)
         for j, lse in lses:
             for i in ops.cols.values_of[j]:
                 acc_s[i] = cute.math.exp2(acc_s[i] * ops.scale_log2 - lse, fastmath=True)
-        if cutlass.const_expr(cfg.block_m == 64):
-            dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
+        dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage) if narrow else None
         ops.tPr_as_s.store(acc_s.load().to(dtype))
-        dv_first = cfg.block_m == 64
-        if cutlass.const_expr(dv_first):  # dV += P^T dO runs while dS is computed
-            warpgroup.fence()
-            self._issue_rs(ops.dkv_mma, ops.acc_dv, ops.tPr, ops.tVrdOt, stage,
-                           m > ops.tile.m_lo)
-            warpgroup.commit_group()
+        if cutlass.const_expr(narrow):
+            self._issue_dv(ops, m, stage)
             warpgroup.wait_group(1)  # dP^T done
         else:
             warpgroup.wait_group(0)  # dP^T done
-        if cutlass.const_expr(cfg.block_m != 64):
             dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
         for j, dsum in dsums:
             for i in ops.cols.values_of[j]:
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum)
         ops.tdSr_as_s.store(acc_dp.load().to(dtype))
-        if cutlass.const_expr(not dv_first):  # dV += P^T dO runs while dS is stored
-            warpgroup.fence()
-            self._issue_rs(ops.dkv_mma, ops.acc_dv, ops.tPr, ops.tVrdOt, stage,
-                           m > ops.tile.m_lo)
-            warpgroup.commit_group()
+        if cutlass.const_expr(not narrow):
+            self._issue_dv(ops, m, stage)
         buf = (m - ops.tile.m_lo) % 2
         cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tdSr_as_s),
                   ops.tSsdS[(None, None, None, buf)])
         cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
         ops.ds_ready.arrive_and_wait()  # both halves of dS are in
+
+    @cute.jit
+    def _issue_dv(self, ops, m, stage):
+        """dV += P^T dO, P^T from registers (a group of its own)."""
+        warpgroup.fence()
+        self._issue_rs(ops.dkv_mma, ops.acc_dv, ops.tPr, ops.tVrdOt, stage, m > ops.tile.m_lo)
+        warpgroup.commit_group()
 
     @cute.jit
     def _issue_grads(self, ops, m, stage):
