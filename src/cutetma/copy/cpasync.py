@@ -130,22 +130,69 @@ def partition_stage(sX, tile, tidx, num_threads: int, contiguous: int):
     return tiled, thr.partition_D(sX), thr.partition_S(cute.make_identity_tensor(tile))
 
 
+def passes(views) -> int:
+    """How many 16-byte vectors one thread copies per stage in ``partition_stage``'s views:
+    with whole lines (``thread_shape``), one per line it visits, the line the pass's."""
+    _, tXsX, _ = views
+    return cute.size(tXsX, mode=[1]) * cute.size(tXsX, mode=[2])
+
+
+def lookup_pass(u, lane, along: int):
+    """The pass whose source lane ``lane`` looks up in its ``u``-th lookup, when ``along``
+    neighbouring lanes copy one line (``thread_shape``) and so pass ``p`` of each of them is
+    the same line: a group's lookups cover every pass once, ``along`` at a time."""
+    return u * along + lane % along
+
+
+def lookup_lane(p, lane, along: int):
+    """The lane of ``lane``'s group that looked pass ``p``'s source up (``lookup_pass``)."""
+    return lane - lane % along + p % along
+
+
 @cute.jit
-def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool):
+def pass_coord(views, p):
+    """(row, col) in the tile of this thread's pass ``p`` (``load_gathered``'s order), ``p``
+    a runtime value or a constant."""
+    _, tXsX, tXcX = views
+    rows = cute.size(tXsX, mode=[1])
+    return tXcX[(0, p % rows, p // rows)]
+
+
+@cute.jit
+def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool,
+                  per_pass=None):
     """Copy one tile into shared-memory stage ``stage``, each 16-byte vector from
     ``source(row, col)`` (a global tensor of one vector: the caller looks its row up, in a
-    page table for instance). Vectors whose coordinate along ``key_mode`` is ``valid`` or
-    more are skipped, or (``zero_past``) written as zeros: they meet real data in a product
-    (0 * garbage can be NaN). (Issuing every lookup before the first copy, as one batch,
-    measured slower on the H200: docs/perf-log.md.)"""
+    page table for instance), or ``source(row, col, per_pass(p))`` for pass ``p``, where
+    ``per_pass`` runs in every lane before any branch (a shuffle of a value another lane
+    looked up). Vectors whose coordinate along ``key_mode`` is ``valid`` or more are skipped,
+    or (``zero_past``) written as zeros: they meet real data in a product (0 * garbage can
+    be NaN)."""
     tiled, tXsX, tXcX = views
     dst = tXsX[(None, None, None, stage)]
-    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
-        for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+    rows = cute.size(dst, mode=[1])
+    # the two walks repeat their body: the DSL refuses a helper closing over `dst` inside
+    # the runtime loop
+    if cutlass.const_expr(per_pass is not None):
+        # a loop, not unrolled: ptxas would otherwise hoist every pass's 64-bit source
+        # address ahead of the copies and spill them
+        for p in cutlass.range(rows * cute.size(dst, mode=[2]), unroll=2):
+            i, j = p % rows, p // rows
             crd = tXcX[(0, i, j)]
+            held = per_pass(p)
             if crd[key_mode] < valid:
-                src = source(crd[0], crd[1])
+                src = source(crd[0], crd[1], held)
                 cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
                           dst[(None, i, j)])
             elif cutlass.const_expr(zero_past):
                 dst[(None, i, j)].fill(0)
+    else:
+        for i in cutlass.range_constexpr(rows):
+            for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+                crd = tXcX[(0, i, j)]
+                if crd[key_mode] < valid:
+                    src = source(crd[0], crd[1])
+                    cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
+                              dst[(None, i, j)])
+                elif cutlass.const_expr(zero_past):
+                    dst[(None, i, j)].fill(0)

@@ -4,7 +4,8 @@ entry points, the kernel and the helpers both roles use).
 TMA (``produce``): one warp loads Q per tile and K_j, V_j of every key block into the rings
 (paged: a stage as boxes, one per page, the pool's page a coordinate; Q gathered by rows
 where ``gathers_q``). cp.async (``produce_cp_async``): a warpgroup copies the same tiles 16
-bytes a thread into the same swizzled stages (paged: each vector's page looked up). Both
+bytes a thread into the same swizzled stages (paged: a page-table load per lane per
+block, shuffled to the lanes copying that key's line). Both
 walk the tiles alike (``_produce_walk``, ``_produce_tile``, ``_produce_kv``).
 """
 
@@ -142,8 +143,8 @@ class Producers:
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
         land. Key rows past s_k are zeros in V (P is 0 there, and 0 * garbage can be NaN);
-        in K they are masked. Paged: each 16-byte vector's source row is looked up in the
-        page table (the paper's cp.async-paged variant)."""
+        in K they are masked. Paged: each 16-byte vector's source row comes from the page
+        table (the paper's cp.async-paged variant), one load per lane per block."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -184,28 +185,56 @@ class Producers:
             v_part = cpa.partition_stage(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 0)
             vec = cpa.VECTOR_BYTES * 8 // mK.element_type.width
             size = cfg.page_size
+            # the tile's K/V head once (under GQA a division), not per vector
+            gK = mK[(None, None, head, None)]  # (row in page, d, page)
+            gVt = mVt[(None, None, head, None)]  # (d, row in page, page)
+            # A key's line of d is copied by `along` neighbouring lanes, one vector each, and
+            # pass p of each of them is the same key (K's and V^T's views alike): so each of
+            # those lanes looks up one pass's page per block (not every vector its own, a
+            # dependent load before each copy) and the copies take theirs by shuffle
+            along, _ = cpa.thread_shape(cfg.head_dim // vec, cfg.block_n, WARPGROUP)
+            count = cpa.passes(k_part)
+            assert along == cfg.head_dim // vec and 32 % along == 0  # whole lines in a warp
+            assert cpa.passes(v_part) == count
+            lookups = (count + along - 1) // along
+            pages = cute.make_rmem_tensor((lookups,), cutlass.Int32)
+            lane = cute.arch.lane_idx()
+
+            def refill(j):
+                """Block j's page ids, a page-table load per lane per ``along`` passes,
+                issued before the producer waits for a free stage."""
+                for u in cutlass.range_constexpr(lookups):
+                    p = cpa.lookup_pass(u, lane, along)
+                    key = j * cfg.block_n + cpa.pass_coord(k_part, p)[0]
+                    page = cutlass.Int32(0)  # past the keys: never read
+                    if p < count and key < kv_len:
+                        page = mPageTable[batch, key // size]
+                    pages[u] = page
+
+            def page_of_pass(p):
+                held = pages[0]
+                for u in cutlass.range_constexpr(1, lookups):  # p is a runtime pass index
+                    if p // along == u:
+                        held = pages[u]
+                return cute.arch.shuffle_sync(held, cpa.lookup_lane(p, lane, along))
 
             def load_k(j, state):
-                def key_vector(row, col):  # row: a key of block j; col: a d offset
-                    key = j * cfg.block_n + row
-                    page = mPageTable[batch, key // size]
-                    return cute.local_tile(mK[(key % size, None, head, page)], (vec,),
-                                           (col // vec,))
+                def key_vector(row, col, page):  # row: a key of block j; col: a d offset
+                    return cute.local_tile(gK[((j * cfg.block_n + row) % size, None, page)],
+                                           (vec,), (col // vec,))
 
                 cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
-                                  key_vector, zero_past=False)
+                                  key_vector, zero_past=False, per_pass=page_of_pass)
 
             def load_v(j, state):
-                def value_vector(row, col):  # row: a d offset; col: a key of block j
-                    key = j * cfg.block_n + col
-                    page = mPageTable[batch, key // size]
-                    return cute.local_tile(mVt[(None, key % size, head, page)], (vec,),
-                                           (row // vec,))
+                def value_vector(row, col, page):  # row: a d offset; col: a key of block j
+                    return cute.local_tile(gVt[(None, (j * cfg.block_n + col) % size, page)],
+                                           (vec,), (row // vec,))
 
                 cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
-                                  value_vector, zero_past=True)
+                                  value_vector, zero_past=True, per_pass=page_of_pass)
 
-            return load_q, load_k, load_v, None
+            return load_q, load_k, load_v, refill
 
         self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
 
@@ -263,23 +292,27 @@ class Producers:
         ring position of block ``start`` (the same in both rings); the caller rebuilds its own
         from counts (``_ring``). Paged TMA (``refill``): the warp keeps the pages of 32 boxes
         in its lanes, refilled when a block's boxes run past them, so a box costs a shuffle,
-        not a dependent page-table load."""
+        not a dependent page-table load; paged cp.async: each block's pages, a load per lane,
+        looked up before the wait for its stage and shuffled to the copies."""
         boxes = self.cfg.block_n // self.cfg.kv_box  # boxes per block
         pages = cutlass.Int32(-1)
         first_box = cutlass.Int32(-64)  # no box is cached yet
+        boxed = refill is not None and self.cfg.load == "tma"
         for j in cutlass.range(start, stop, unroll=1):
-            if cutlass.const_expr(refill is not None):
+            if cutlass.const_expr(boxed):
                 if j * boxes + boxes > first_box + 32:
                     first_box = j * boxes
                     pages = refill(first_box)
+            elif cutlass.const_expr(refill is not None):
+                refill(j)  # cp.async: block j's pages into the producer's registers
             pipe_k.producer_acquire(state)
-            if cutlass.const_expr(refill is not None):
+            if cutlass.const_expr(boxed):
                 load_k(j, state, pages, first_box)
             else:
                 load_k(j, state)
             pipe_k.producer_commit(state)
             pipe_v.producer_acquire(state)
-            if cutlass.const_expr(refill is not None):
+            if cutlass.const_expr(boxed):
                 load_v(j, state, pages, first_box)
             else:
                 load_v(j, state)
