@@ -145,8 +145,8 @@ def test_deterministic_mode_repeats_its_bits():
         assert (a.float() - b.float()).abs().max() <= 0.01 * b.float().abs().max()
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_dq_postprocess_is_its_reference(d):
+@pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (64, 128)])
+def test_dq_postprocess_is_its_reference(d, block_m):
     """The dQ conversion kernel (``DqPostprocess``) puts a random fragment-ordered
     accumulator where ``dq_from_fragments`` (torch, checked against CuTe's partition on the
     CPU) does, scaled, every row below s_q written (the output starts as torch.empty)."""
@@ -155,10 +155,10 @@ def test_dq_postprocess_is_its_reference(d):
     from cutetma.backward import _dq_postprocess, dq_from_fragments
 
     b, s_q, h = 2, 333, 3
-    acc = torch.randn(b * h * -(-s_q // 64) * 64 * d, device="cuda")
+    acc = torch.randn(b * h * -(-s_q // block_m) * block_m * d, device="cuda")
     q = torch.empty(b, s_q, h, d, device="cuda", dtype=torch.bfloat16)
-    ours = _dq_postprocess(acc, q, 0.3, 64)
-    want = dq_from_fragments(acc, b, s_q, h, d, torch.bfloat16, 0.3)
+    ours = _dq_postprocess(acc, q, 0.3, block_m)
+    want = dq_from_fragments(acc, b, s_q, h, d, torch.bfloat16, 0.3, block_m)
     torch.cuda.synchronize()
     assert not ours.isnan().any()
     assert torch.equal(ours, want)

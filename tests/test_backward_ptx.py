@@ -11,22 +11,23 @@ from cutetma.kernels import build
 from cutetma.kernels.attention.config import BackwardConfig
 
 
-@pytest.mark.parametrize("load", ["tma", "cp_async"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_backward_ptx(d, load):
+@pytest.mark.parametrize("load,d,block_m", [("tma", 64, 0), ("tma", 128, 0), ("cp_async", 64, 0),
+                                             ("cp_async", 128, 0), ("tma", 64, 128)])
+def test_backward_ptx(d, load, block_m):
     """Per query block of m rows and consumer warpgroup: S^T and dP^T (d / 16 m64n{m}k16
     steps each), dV and dK (m / 16 m64n{d}k16 steps each), dQ (8 m64n{d/2}k16 steps per 64
-    rows, the warpgroups splitting d); dQ leaves through shared memory in fragment order,
-    one 2D TMA reduction (add) per warpgroup; the LSE and D ride with Q and dO (3D TMA
-    boxes, or 16-byte cp.async); the producer is TMA's or cp.async's."""
-    cfg = BackwardConfig(head_dim=d, load=load)
+    rows, the warpgroups splitting d; at 128 rows 8 m64n{d}k16, each warpgroup its 64
+    rows); dQ leaves through shared memory in fragment order, one 2D TMA reduction (add)
+    per warpgroup; the LSE and D ride with Q and dO (3D TMA boxes, or 16-byte cp.async);
+    the producer is TMA's or cp.async's."""
+    cfg = BackwardConfig(head_dim=d, load=load, block_m=block_m)
     m = cfg.block_m
     ptx = build.compile_attention_backward(cfg).ptx
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)
     counts = {s: shapes.count(s) for s in set(shapes)}
     want: dict = {}
-    for shape, steps in ((f"m64n{m}k16", 2 * d // 16), (f"m64n{d}k16", 2 * m // 16),
-                         (f"m64n{d // 2}k16", 8 * m // 64)):
+    dq = (f"m64n{d}k16", 8) if m == 128 else (f"m64n{d // 2}k16", 8 * m // 64)
+    for shape, steps in ((f"m64n{m}k16", 2 * d // 16), (f"m64n{d}k16", 2 * m // 16), dq):
         want[shape] = want.get(shape, 0) + steps
     assert counts == want
     reductions = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add",
@@ -291,7 +292,7 @@ def _dq_fragment_coordinates(d, block_m):
     from cutetma import dsl
 
     cutlass, cute = dsl.cutlass()
-    import cutlass.utils.hopper_helpers as sm90
+    from cutetma.kernels.attention.backward import dq_tiled_mma
 
     found = []
 
@@ -302,9 +303,7 @@ def _dq_fragment_coordinates(d, block_m):
 
     @cute.jit
     def trace():
-        every_thread(sm90.make_trivial_tiled_mma(
-            cutlass.BFloat16, cutlass.BFloat16, cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.MN, cutlass.Float32, (1, 2, 1), tiler_mn=(64, d // 2)))
+        every_thread(dq_tiled_mma(cutlass.BFloat16, d, block_m, 2))
 
     trace()
     return torch.tensor(found)

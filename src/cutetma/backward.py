@@ -25,7 +25,7 @@ import torch
 
 from cutetma import runtime
 from cutetma.checks import attention_config, check_operand, tma_rows_aligned
-from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
+from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig, dq_splits_rows
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -94,16 +94,22 @@ def dq_from_fragments(acc: torch.Tensor, b: int, s_q: int, h: int, d: int,
     which holds each (batch, head, ``block_m``-query block) as the dQ MMA leaves it in
     registers: per consumer warpgroup w (columns w d/2 ..), per 4-value chunk (i, j), per
     thread (warp, lane row r, lane column c), the values (row half e1, column pair e0) of
-    query 64 i + 16 warp + 8 e1 + r and column w d/2 + 8 j + 2 c + e0. Each thread's chunk
-    lies next to its neighbours' (16-byte shared stores without bank conflicts, one TMA
-    reduction per warpgroup); this one pass puts the values back in place and applies the
-    softmax scale. The backward runs the same as a kernel (``DqPostprocess``); this is its
-    reference."""
+    query 64 i + 16 warp + 8 e1 + r and column w d/2 + 8 j + 2 c + e0 (128-query blocks,
+    ``dq_splits_rows``: query 64 w + 16 warp + 8 e1 + r and column 8 j + 2 c + e0). Each
+    thread's chunk lies next to its neighbours' (16-byte shared stores without bank
+    conflicts, one TMA reduction per warpgroup); this one pass puts the values back in place
+    and applies the softmax scale. The backward runs the same as a kernel
+    (``DqPostprocess``); this is its reference."""
     blocks, m64 = acc.numel() // (b * h * block_m * d), block_m // 64
-    frag = acc.view(b, h, blocks, 2, m64, d // 16, 4, 8, 4, 2, 2)
     out = torch.empty(b, blocks * block_m, h, d, device=acc.device, dtype=dtype)
-    torch.mul(frag.permute(0, 2, 4, 6, 9, 7, 1, 3, 5, 8, 10), scale,
-              out=out.view(b, blocks, m64, 4, 2, 8, h, 2, d // 16, 4, 2))
+    if dq_splits_rows(block_m, 2):  # warpgroup w: queries 64 w .., every column
+        frag = acc.view(b, h, blocks, 2, d // 8, 4, 8, 4, 2, 2)
+        torch.mul(frag.permute(0, 2, 3, 5, 8, 6, 1, 4, 7, 9), scale,
+                  out=out.view(b, blocks, 2, 4, 2, 8, h, d // 8, 4, 2))
+    else:
+        frag = acc.view(b, h, blocks, 2, m64, d // 16, 4, 8, 4, 2, 2)
+        torch.mul(frag.permute(0, 2, 4, 6, 9, 7, 1, 3, 5, 8, 10), scale,
+                  out=out.view(b, blocks, m64, 4, 2, 8, h, 2, d // 16, 4, 2))
     return out if out.shape[1] == s_q else out[:, :s_q].contiguous()
 
 

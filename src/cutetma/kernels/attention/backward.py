@@ -14,7 +14,8 @@ then issued after the dS math, which its registers need). Per query block m::
                     dS^T = P^T (dP^T - D)                               seen transposed in
                     dS^T -> shared memory (this warpgroup's 64 rows),   place)
                     DS_READY barrier
-                    dQ_m[:, d half w] = dS K[:, d half w]   (SS WGMMA, all keys), then
+                    dQ_m[:, d half w] = dS K[:, d half w]   (SS WGMMA, all keys; at 128-query
+                    blocks dQ_m[queries 64 w ..] = dS[64 w ..] K instead), then
                     dK_w += dS^T Q_m (RS); while dK runs, dQ_m goes to shared memory in the
                     MMA's fragment order and one TMA reduction adds it into the fp32
                     accumulator (same order; scaled and put in place by the conversion)
@@ -53,7 +54,12 @@ from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
 from cutetma.kernels import accumulator
-from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, BackwardConfig
+from cutetma.kernels.attention.config import (
+    LOG2_E,
+    WARPGROUP,
+    BackwardConfig,
+    dq_splits_rows,
+)
 from cutetma.kernels.attention.kernel import FlashAttentionSm90
 from cutetma.kernels.barriers import BackwardBarrier
 
@@ -74,6 +80,19 @@ def stage_layout(dtype, rows: int, cols: int, stages: int, atom_cols: int):
     atom = warpgroup.make_smem_layout_atom(
         sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols), dtype)
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def dq_tiled_mma(dtype, head_dim: int, block_m: int, consumers: int):
+    """dQ = dS K's tiled MMA, (queries, d), A (dS) K-major, B (K) seen transposed: the
+    consumer warpgroups split the rows or the columns (``dq_splits_rows``). Its partition
+    is the fragment order of the fp32 accumulator (``cutetma.backward.dq_from_fragments``)."""
+    k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+    if dq_splits_rows(block_m, consumers):
+        atoms, tiler = (consumers, 1, 1), (64, head_dim)
+    else:
+        atoms, tiler = (1, consumers, 1), (64, head_dim // consumers)
+    return sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, cutlass.Float32, atoms,
+                                       tiler_mn=tiler)
 
 
 def stores_kv_tma(cfg, same_dtype: bool) -> bool:
@@ -122,12 +141,10 @@ class FlashAttentionBackwardSm90:
         dkv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
                                               (cfg.consumers, 1, 1), tiler_mn=(64, d),
                                               a_source=warpgroup.OperandSource.RMEM)
-        # dQ: (queries, d), the warpgroups splitting d
-        dq_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
-                                             (1, cfg.consumers, 1),
-                                             tiler_mn=(64, d // cfg.consumers))
-        half_d = d // cfg.consumers
-        sK_layout = stage_layout(dtype, bn, d, 1, min(half_d, 64))
+        dq_mma = dq_tiled_mma(dtype, d, bm, cfg.consumers)
+        # K^T's slices as dQ's B operand: column halves where the warpgroups split d
+        dq_cols = d if dq_splits_rows(bm, cfg.consumers) else d // cfg.consumers
+        sK_layout = stage_layout(dtype, bn, d, 1, min(dq_cols, 64))
         sQ_layout = stage_layout(dtype, bm, d, cfg.stages, min(d, 64))
         sdS_layout = stage_layout(dtype, bm, bn, 2, 64)
         # dQ's staging: each consumer warpgroup's (64, d / 2) fp32 half in fragment order (a

@@ -353,3 +353,11 @@ def dense_tile(head_dim: int, causal: bool, seqlen_k: int) -> tuple[int, int]:
     if seqlen_k >= WIDE_ROWS_MIN_KEYS.get((head_dim, causal), 0):
         return WIDE_ROWS.get((head_dim, causal), block_m), block_n
     return block_m, block_n
+
+
+def dq_splits_rows(block_m: int, consumers: int) -> bool:
+    """Whether the consumer warpgroups split dQ's query rows (each its 64: 128-query blocks,
+    FA4's layout at d = 64), not its columns (64-query blocks: each a half of d). Split by
+    columns at 128 rows, each warpgroup issued twice the WGMMAs at half the width (n = d /
+    2, for both 64-row slabs)."""
+    return block_m == 64 * consumers

@@ -16,7 +16,7 @@ LSE was used.
 from __future__ import annotations
 
 from cutetma import dsl
-from cutetma.kernels.attention.config import LOG2_E
+from cutetma.kernels.attention.config import LOG2_E, dq_splits_rows
 
 cutlass, cute = dsl.cutlass()
 from cuda.bindings import driver as cuda  # noqa: E402
@@ -149,20 +149,29 @@ class DqPostprocess:
         seqlen_q = mdQ.shape[1]
         wg, t = tidx // THREADS, tidx % THREADS
         warp, r, c = t // 32, t % 32 // 4, t % 4
-        chunks_per_row = d // 16  # 4-value chunks per 64-row slab of a warpgroup's half
-        chunks = self.block_m // 64 * chunks_per_row
+        # each warpgroup's part: a half of d over every 64-row slab, or (128-query blocks,
+        # ``dq_splits_rows``) its own 64 rows over all of d
+        rows_split = dq_splits_rows(self.block_m, 2)
+        cols = d if rows_split else d // 2
+        chunks_per_row = cols // 8  # 4-value chunks per 64-row slab
+        chunks = (1 if rows_split else self.block_m // 64) * chunks_per_row
+        row0 = 64 * wg if rows_split else 0
+        col0 = 0 if rows_split else wg * cols
         half = cute.local_tile(mAcc[(None, block, head, batch)],
                                (chunks * THREADS * 4,), (wg,))
-        chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
+        # Every load before the first store: a global store may alias the next load, so a
+        # load after a store waits for it (one memory latency per chunk, serialized).
+        held = cute.make_rmem_tensor((4, chunks), cutlass.Float32)
+        for k in cutlass.range_constexpr(chunks):
+            cute.autovec_copy(cute.local_tile(half, (4,), (k * THREADS + t,)), held[None, k])
         pair = cute.make_rmem_tensor((2,), mdQ.element_type)
         for k in cutlass.range_constexpr(chunks):
             slab, j = k // chunks_per_row, k % chunks_per_row
-            cute.autovec_copy(cute.local_tile(half, (4,), (k * THREADS + t,)), chunk)
-            col = wg * (d // 2) + 8 * j + 2 * c
+            col = col0 + 8 * j + 2 * c
             for e1 in cutlass.range_constexpr(2):
-                q = block * self.block_m + 64 * slab + 16 * warp + 8 * e1 + r
+                q = block * self.block_m + row0 + 64 * slab + 16 * warp + 8 * e1 + r
                 if q < seqlen_q:
-                    pair[0] = (chunk[2 * e1] * scale).to(mdQ.element_type)
-                    pair[1] = (chunk[2 * e1 + 1] * scale).to(mdQ.element_type)
+                    pair[0] = (held[2 * e1, k] * scale).to(mdQ.element_type)
+                    pair[1] = (held[2 * e1 + 1, k] * scale).to(mdQ.element_type)
                     cute.autovec_copy(pair, cute.local_tile(mdQ[(None, q, head, batch)], (2,),
                                                             (col // 2,)))
