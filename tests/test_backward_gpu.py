@@ -123,29 +123,48 @@ def test_torch_compile_and_opcheck():
                           (dout, q, k, v, out, lse, None, True, None, "tma"))
 
 
-def test_deterministic_mode_repeats_its_bits():
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("s_q,s_k", [(512, 512), (333, 333), (100, 300), (300, 100), (1, 65)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_d256(s_q, s_k, causal, load):
+    """d = 256 (``BackwardConfig.splits_d``: 64-key CTAs whose warpgroups split d, P^T and
+    dS^T through shared memory, dQ added by atomics): tails, s_q != s_k both ways."""
+    check(1, s_q, s_k, 2, 2, 256, causal, load, block_n=64)
+
+
+@pytest.mark.parametrize("dtype,h,h_kv", [("bfloat16", 4, 2), ("float16", 2, 2)])
+def test_d256_gqa_and_fp16(dtype, h, h_kv):
+    """d = 256 under GQA (dK / dV in fp32 from the registers, summed by the host) and fp16."""
+    check(2, 256, 384, h, h_kv, 256, True, dtype=dtype, block_n=64)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_deterministic_mode_repeats_its_bits(d):
     """Under torch.use_deterministic_algorithms the key blocks add into dQ in order: two runs
-    give the same bits (and the gradients stay right)."""
+    give the same bits (and the gradients stay right); at d = 256 the adds are atomics."""
     import torch
 
     import cutetma
+    from cutetma.kernels.attention.config import BackwardConfig
 
-    q, k, v, dout = inputs(2, 700, 900, 4, 2, 128, "bfloat16", seed=3)
+    q, k, v, dout = inputs(2, 700, 900, 4, 2, d, "bfloat16", seed=3)
     out, lse = cutetma.attention(q, k, v, causal=True, return_lse=True)
+    config = BackwardConfig(head_dim=d, causal=True) if d == 256 else None
     torch.use_deterministic_algorithms(True)
     try:
-        first = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
-        second = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
+        first = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True, config=config)
+        second = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                            config=config)
     finally:
         torch.use_deterministic_algorithms(False)
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
-    loose = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True)
+    loose = cutetma.attention_backward(dout, q, k, v, out, lse, causal=True, config=config)
     for a, b in zip(first, loose, strict=True):
         assert (a.float() - b.float()).abs().max() <= 0.01 * b.float().abs().max()
 
 
-@pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (64, 128)])
+@pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (256, 64), (64, 128)])
 def test_dq_postprocess_is_its_reference(d, block_m):
     """The dQ conversion kernel (``DqPostprocess``) puts a random fragment-ordered
     accumulator where ``dq_from_fragments`` (torch, checked against CuTe's partition on the

@@ -85,8 +85,13 @@ def test_backward_key_loop_builds_descriptors_in_uniform_registers():
 
 
 def test_backward_config_rules():
-    with pytest.raises(ValueError, match="head_dim=256"):
-        BackwardConfig(head_dim=256)
+    with pytest.raises(ValueError, match="head_dim=96"):
+        BackwardConfig(head_dim=96)
+    wide = BackwardConfig(head_dim=256)
+    assert (wide.block_m, wide.block_n, wide.consumers, wide.splits_d) == (64, 64, 2, True)
+    assert wide.smem_bytes() <= 227 * 1024 and wide.stages == 2
+    with pytest.raises(ValueError, match="64 x 64 at d = 256"):
+        BackwardConfig(head_dim=256, block_n=128)
     with pytest.raises(ValueError, match="load"):
         BackwardConfig(load="ldgsts")
     with pytest.raises(ValueError, match="64 queries x 128 keys"):
@@ -135,6 +140,51 @@ def test_backward_launch_args_match_the_dsl():
         kind = runtime.BackwardLaunch.SLOTS[i]
         assert kind.from_address(address(mine)).value == values[i], i
         assert kind.from_address(address(dsl_arg)).value == values[i], i
+
+
+def test_d256_runs_only_when_asked():
+    """The d = 256 backward is built but no GPU has checked its gradients: the torch face
+    runs it only with an explicit config, and refuses head dims it has no kernel for."""
+    from cutetma.backward import check_head_dim
+
+    check_head_dim(128)
+    check_head_dim(256, BackwardConfig(head_dim=256))
+    with pytest.raises(ValueError, match="not yet checked on a GPU"):
+        check_head_dim(256)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        check_head_dim(96)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+def test_backward_ptx_d256(load):
+    """d = 256 (``splits_d``): a CTA of 64 keys, each warpgroup S^T and dP^T for its 32
+    queries (16 m64n32k16 steps each), then dQ, dV and dK for its half of d (4 m64n128k16
+    steps each, A from shared memory); P^T and dS^T leave by transposing stmatrix (2 each),
+    dQ by 16 vector atomics a thread (no TMA reduction), dK and dV by 16 stmatrix and one
+    (64, 256) TMA store each (4 boxes of 64 columns)."""
+    ptx = build.compile_attention_backward(BackwardConfig(head_dim=256, load=load)).ptx
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx)
+    assert {s: shapes.count(s) for s in set(shapes)} == {"m64n32k16": 32, "m64n128k16": 12}
+    assert len(re.findall(r"red\.relaxed\.gpu\.global\.add\.v4\.f32", ptx)) == 16
+    assert "cp.reduce.async.bulk" not in ptx
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared", ptx)) == 4
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared", ptx)) == 16
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared", ptx)) == 8
+    cp_async = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))
+    assert (cp_async > 0) == (load == "cp_async")
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_ptxas_d256(causal, load):
+    """d = 256: no WGMMA serialized; no spills with TMA, at most 16 bytes with cp.async's
+    producer (8 measured non-causal: its gather runs as a loop, unrolled it spilled 1 KB)."""
+    log = build.ptxas_log(build.compile_attention_backward(
+        BackwardConfig(head_dim=256, causal=causal, load=load)).ptx)
+    assert "serialized" not in log
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spills and max(spills) <= (0 if load == "tma" else 16), log
 
 
 def test_backward_checks_before_launch():
@@ -254,8 +304,8 @@ def test_deterministic_mode_takes_turns():
     assert build.nested_elects(ordered) == 0
 
 
-@pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (256, 64), (64, 128),
+                                       (128, 128)])
 def test_dq_fragment_order_is_the_mmas(d, block_m):
     """``dq_from_fragments`` puts each value where the dQ MMA's own partition (CuTe's
     algebra, traced for every thread) says it belongs: a dQ whose every value names its
@@ -309,7 +359,7 @@ def _dq_fragment_coordinates(d, block_m):
     return torch.tensor(found)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_preprocess_ptx(d):
     """The preprocessing pass reads O and dO 16 bytes a thread (64 rows per CTA: d / 8
     threads a row) and sums a row by shuffles; no spills."""

@@ -25,7 +25,12 @@ import torch
 
 from cutetma import runtime
 from cutetma.checks import attention_config, check_operand, tma_rows_aligned
-from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig, dq_splits_rows
+from cutetma.kernels.attention.config import (
+    BACKWARD_CHECKED_HEAD_DIMS,
+    BACKWARD_HEAD_DIMS,
+    BackwardConfig,
+    dq_splits_rows,
+)
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -37,10 +42,11 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     """(dq, dk, dv) of ``cutetma.attention(q, k, v, causal=..., softmax_scale=...)`` at
     ``dout``, from its ``out`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32; ``dlse``: the
     gradient of the LSE where the caller used it (None: not used). ``load``: the producer
-    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}. ``config``:
-    a ``BackwardConfig`` to run (its head dim and causal flag must match; it overrides
+    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}, and 256 with
+    an explicit ``config`` (built, not yet checked on a GPU). ``config``: a
+    ``BackwardConfig`` to run (its head dim and causal flag must match; it overrides
     ``load``; its deterministic flag follows torch's deterministic mode)."""
-    _check(dout, q, k, v, out, lse, dlse, load)
+    _check(dout, q, k, v, out, lse, dlse, load, config)
     b, s_q, h, d = q.shape
     s_k, h_kv = k.shape[1], k.shape[2]
     if q.numel() == 0 or s_k == 0:
@@ -135,7 +141,18 @@ def _statistics(dout, out, lse, dlse, block_m: int) -> tuple:
     return lse_log2, dsum, dq
 
 
-def _check(dout, q, k, v, out, lse, dlse, load) -> None:
+def check_head_dim(d: int, config=None) -> None:
+    """Refuse a head dim the backward has no kernel for, or (without an explicit
+    ``config``) one whose kernel no GPU has checked yet."""
+    if d not in BACKWARD_HEAD_DIMS:
+        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_CHECKED_HEAD_DIMS}")
+    if d not in BACKWARD_CHECKED_HEAD_DIMS and config is None:
+        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_CHECKED_HEAD_DIMS}; "
+                         f"its d = {d} kernel is built but its gradients are not yet checked "
+                         f"on a GPU (pass config=BackwardConfig(head_dim={d}, ...) to run it)")
+
+
+def _check(dout, q, k, v, out, lse, dlse, load, config=None) -> None:
     for name, t in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
         check_operand(name, t, "attention_backward", 4, "(batch, seqlen, heads, head_dim)")
         if t.device != q.device:
@@ -151,8 +168,7 @@ def _check(dout, q, k, v, out, lse, dlse, load) -> None:
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[2] == 0 or h % k.shape[2]:
         raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} key/value heads")
-    if d not in BACKWARD_HEAD_DIMS:
-        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_HEAD_DIMS}")
+    check_head_dim(d, config)
     for name, t in (("lse", lse), ("dlse", dlse)):
         if t is None and name == "dlse":
             continue

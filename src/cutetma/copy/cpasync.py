@@ -160,28 +160,31 @@ def pass_coord(views, p):
 
 @cute.jit
 def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool,
-                  per_pass=None):
+                  per_pass=None, rolled: bool = False):
     """Copy one tile into shared-memory stage ``stage``, each 16-byte vector from
     ``source(row, col)`` (a global tensor of one vector: the caller looks its row up, in a
     page table for instance), or ``source(row, col, per_pass(p))`` for pass ``p``, where
     ``per_pass`` runs in every lane before any branch (a shuffle of a value another lane
     looked up). Vectors whose coordinate along ``key_mode`` is ``valid`` or more are skipped,
     or (``zero_past``) written as zeros: they meet real data in a product (0 * garbage can
-    be NaN)."""
+    be NaN). ``rolled`` (implied by ``per_pass``): the passes as a loop, not unrolled."""
     tiled, tXsX, tXcX = views
     dst = tXsX[(None, None, None, stage)]
     rows = cute.size(dst, mode=[1])
     # the two walks repeat their body: the DSL refuses a helper closing over `dst` inside
     # the runtime loop
-    if cutlass.const_expr(per_pass is not None):
+    if cutlass.const_expr(rolled or per_pass is not None):
         # a loop, not unrolled: ptxas would otherwise hoist every pass's 64-bit source
         # address ahead of the copies and spill them
         for p in cutlass.range(rows * cute.size(dst, mode=[2]), unroll=2):
             i, j = p % rows, p // rows
             crd = tXcX[(0, i, j)]
-            held = per_pass(p)
+            held = per_pass(p) if cutlass.const_expr(per_pass is not None) else None
             if crd[key_mode] < valid:
-                src = source(crd[0], crd[1], held)
+                if cutlass.const_expr(per_pass is not None):
+                    src = source(crd[0], crd[1], held)
+                else:
+                    src = source(crd[0], crd[1])
                 cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
                           dst[(None, i, j)])
             elif cutlass.const_expr(zero_past):

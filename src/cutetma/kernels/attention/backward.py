@@ -33,16 +33,32 @@ half of dS into one of two buffers (alternating by query block), so a warpgroup 
 overwrites a buffer the other may still read: to write block m + 2's dS it must have passed
 block m + 1's DS_READY, which the other reaches only after finishing block m's dQ.
 
+At d = 256 (``BackwardConfig.splits_d``) dK_w and dV_w of 64 keys x 256 would take all of a
+warpgroup's registers, so a CTA holds 64 keys and the warpgroups split d instead::
+
+    consumer WG w   S^T, dP^T of the 64 keys x queries 32 w .. 32 w + 31    (m64n32k16)
+                    P^T and dS^T -> shared memory (two buffers each, by query block parity),
+                    DS_READY barrier
+                    dQ_m[:, d half w] = dS K[:, d half w], dV[:, d half w] += P^T dO_m,
+                    dK[:, d half w] += dS^T Q_m       (SS WGMMA, m64n128k16, A from shared
+                    memory, keys contiguous); dQ_m added into the accumulator from the
+                    registers by 16-byte atomics in the same fragment order
+    end             both halves of dK, dV through the freed Q / dO stage by one TMA store
+
+That leaves no shared memory for a dQ staging beside two Q / dO stages (230 KB of 227 KiB's
+232 KB), and the second stage is what keeps the producer ahead.
+
 The first query block's dV and dK GEMMs start from zero (the MMA's accumulate flag), not from
 zeroed registers: ptxas serializes every WGMMA when other instructions write an accumulator
 while one is in flight, and a zero-fill placed by the scheduler is such a write.
 
-Constraints: d in {64, 128} (d = 256 needs dK / dV tiles transposed, as FlashAttention-3's,
-not built). The fp32 reductions make dQ's low bits depend on the order the key blocks
-arrive in; ``deterministic`` (what the torch face runs under
+Constraints: d in {64, 128, 256}. The fp32 reductions make dQ's low bits depend on the order
+the key blocks arrive in; ``deterministic`` (what the torch face runs under
 ``torch.use_deterministic_algorithms``) adds them in key-block order instead: a turn counter
 per (query block, head, batch), each warpgroup's half waiting for 2 n before its reduction
 and counting itself once the reduction's writes are done (FlashAttention-3's semaphore).
+
+The producers are ``backward_producers``'s, the dQ / dK / dV outputs ``backward_outputs``'s.
 """
 
 from __future__ import annotations
@@ -50,10 +66,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from cutetma import dsl
-from cutetma.copy import cpasync as cpa
 from cutetma.copy import loader as loaders
 from cutetma.copy import tma
 from cutetma.kernels import accumulator
+from cutetma.kernels.attention.backward_outputs import DQ_ROW, BackwardOutputs
+from cutetma.kernels.attention.backward_producers import BackwardProducers
 from cutetma.kernels.attention.config import (
     LOG2_E,
     WARPGROUP,
@@ -62,8 +79,6 @@ from cutetma.kernels.attention.config import (
 )
 from cutetma.kernels.attention.kernel import FlashAttentionSm90
 from cutetma.kernels.barriers import BackwardBarrier
-
-DQ_ROW = 256  # fp32 per row of the fragment-ordered dQ (a TMA box row: at most 256)
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
@@ -99,7 +114,7 @@ def stores_kv_tma(cfg, same_dtype: bool) -> bool:
     """Whether dK and dV leave by TMA through the freed Q and dO buffers, seen as 64-row
     stages (one per consumer warpgroup's 64 keys): 16-bit outputs, and room for them (a
     128-query stage at d = 64 is two 64-row stages, its swizzle atoms stacked by rows)."""
-    return same_dtype and cfg.block_m * cfg.stages >= 64 * cfg.consumers and (
+    return same_dtype and cfg.block_m * cfg.stages >= 64 * cfg.kv_out_stages and (
         cfg.block_m == 64 or cfg.head_dim <= 64)
 
 
@@ -110,7 +125,7 @@ def _transposed(sX):
     return cute.composition(sX, cute.make_ordered_layout(shape, order=(1, 0, 2)))
 
 
-class FlashAttentionBackwardSm90:
+class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
     def __init__(self, config: BackwardConfig):
         self.cfg = config
         self.loader = loaders.make_loader(config.load)
@@ -134,13 +149,24 @@ class FlashAttentionBackwardSm90:
         d, bm, bn = cfg.head_dim, cfg.block_m, cfg.block_n
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         f32 = cutlass.Float32
-        # S^T and dP^T: (keys, queries), a warpgroup per 64 keys
-        sdp_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, f32,
-                                              (cfg.consumers, 1, 1), tiler_mn=(64, bm))
-        # dV and dK: (keys, d), the A operand (P^T, dS^T) from registers
-        dkv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
-                                              (cfg.consumers, 1, 1), tiler_mn=(64, d),
-                                              a_source=warpgroup.OperandSource.RMEM)
+        if cutlass.const_expr(cfg.splits_d):
+            # S^T and dP^T: (keys, queries), the 64 keys split by queries between the
+            # warpgroups; dV and dK: (keys, d), split by d, the A operand (P^T, dS^T, keys
+            # contiguous) from shared memory, where both warpgroups' halves meet
+            sdp_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, f32,
+                                                  (1, cfg.consumers, 1),
+                                                  tiler_mn=(64, bm // cfg.consumers))
+            dkv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, mn_major, mn_major, f32,
+                                                  (1, cfg.consumers, 1),
+                                                  tiler_mn=(64, d // cfg.consumers))
+        else:
+            # S^T and dP^T: (keys, queries), a warpgroup per 64 keys
+            sdp_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, f32,
+                                                  (cfg.consumers, 1, 1), tiler_mn=(64, bm))
+            # dV and dK: (keys, d), the A operand (P^T, dS^T) from registers
+            dkv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, mn_major, f32,
+                                                  (cfg.consumers, 1, 1), tiler_mn=(64, d),
+                                                  a_source=warpgroup.OperandSource.RMEM)
         dq_mma = dq_tiled_mma(dtype, d, bm, cfg.consumers)
         # K^T's slices as dQ's B operand: column halves where the warpgroups split d
         dq_cols = d if dq_splits_rows(bm, cfg.consumers) else d // cfg.consumers
@@ -171,7 +197,7 @@ class FlashAttentionBackwardSm90:
         # 16-bit box.)
         stores_kv = stores_kv_tma(cfg, mdK.element_type == dtype)
         mdK_box, mdV_box = (aligned(x) for x in (mdK, mdV)) if stores_kv else (mQ, mQ)
-        sKV_layout = stage_layout(dtype, 64, d, cfg.consumers, min(d, 64))
+        sKV_layout = stage_layout(dtype, 64, d, cfg.kv_out_stages, min(d, 64))
         tma_dk, mdK_tma = tma.store_atom(mdK_box, cute.slice_(sKV_layout, (None, None, 0)),
                                          (64, d))
         tma_dv, mdV_tma = tma.store_atom(mdV_box, cute.slice_(sKV_layout, (None, None, 0)),
@@ -186,7 +212,10 @@ class FlashAttentionBackwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sdQ_layout)], 1024]
+            if cutlass.const_expr(cfg.splits_d):  # P^T's buffers; dQ by atomics, no staging
+                sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+            else:
+                sdQ: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sdQ_layout)], 1024]
             sLSE: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sStat_layout)], 128]
             sD: cute.struct.Align[cute.struct.MemRange[f32, cute.cosize(sStat_layout)], 128]
 
@@ -194,7 +223,7 @@ class FlashAttentionBackwardSm90:
         grid = (cute.ceil_div(mK.shape[0], bn), mQ.shape[2], mQ.shape[3])
         self.kernel(tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma, tma_dq,
                     mdQ_tma, tma_lse, mLSE_tma, tma_d, mD_tma, tma_dk, mdK_tma, tma_dv, mdV_tma,
-                    mQ, mK, mV, mdO, mLSE, mD, mdK, mdV, mTurns, sdp_mma, dkv_mma, dq_mma,
+                    mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mTurns, sdp_mma, dkv_mma, dq_mma,
                     sK_layout, sQ_layout, sdS_layout, sdQ_layout, sStat_layout, sKV_layout,
                     softmax_scale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
@@ -256,7 +285,7 @@ class FlashAttentionBackwardSm90:
                mdK_tma: cute.Tensor, tma_dv: cute.CopyAtom, mdV_tma: cute.Tensor,
                mQ: cute.Tensor, mK: cute.Tensor,
                mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-               mdK: cute.Tensor, mdV: cute.Tensor, mTurns: cute.Tensor,
+               mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mTurns: cute.Tensor,
                sdp_mma: cute.TiledMma, dkv_mma: cute.TiledMma, dq_mma: cute.TiledMma,
                sK_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
@@ -270,8 +299,9 @@ class FlashAttentionBackwardSm90:
             if warp == 0:
                 for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_d):
                     tma.prefetch(atom)
-        if warp == 4:
-            tma.prefetch(tma_dq)
+        if cutlass.const_expr(not cfg.splits_d):
+            if warp == 4:
+                tma.prefetch(tma_dq)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         smem = SimpleNamespace(
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
@@ -282,8 +312,11 @@ class FlashAttentionBackwardSm90:
             sQ_kv=storage.sQ.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner),
             sdO_kv=storage.sdO.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner),
             sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
-            sdQ=storage.sdQ.get_tensor(sdQ_layout),
             sLSE=storage.sLSE.get_tensor(sStat_layout), sD=storage.sD.get_tensor(sStat_layout))
+        if cutlass.const_expr(cfg.splits_d):
+            smem.sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        else:
+            smem.sdQ = storage.sdQ.get_tensor(sdQ_layout)
         kv_full = storage.kv_full.data_ptr()
         dtype = mQ.element_type
         tile_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
@@ -319,8 +352,8 @@ class FlashAttentionBackwardSm90:
                 self.produce_cp_async(pipe, kv_full, mQ, mdO, mK, mV, mLSE, mD, smem, tile)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
-            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK,
-                         mdV, mTurns, tile, softmax_scale,
+            self.consume(pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdQ,
+                         mdK, mdV, mTurns, tile, softmax_scale,
                          (tma_dk, mdK_tma, tma_dv, mdV_tma))
 
     @cute.jit
@@ -336,107 +369,12 @@ class FlashAttentionBackwardSm90:
             lo = cutlass.min(cutlass.max(first_query, 0) // cfg.block_m, hi)
         return lo, hi
 
-    # ------------------------------------------------------------------------ producers
-    @cute.jit
-    def produce(self, pipe, kv_full, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v,
-                mV_tma, tma_lse, mLSE_tma, tma_d, mD_tma, smem, tile, kv_bytes):
-        """One warp: K_n and V_n once (the kv_full barrier), then Q_m, dO_m and their LSE and
-        D of every query block into the next free stage (one barrier per stage for all)."""
-        cfg = self.cfg
-        d = cfg.head_dim
-        n, head, batch, kv_head = tile.n_block, tile.head, tile.batch, tile.kv_head
-        tKsK, tKgK = tma.partition(tma_k, smem.sK, cute.local_tile(
-            mK_tma[(None, None, kv_head, batch)], (cfg.block_n, d), (None, 0)), box_rank=2)
-        tVsV, tVgV = tma.partition(tma_v, smem.sV, cute.local_tile(
-            mV_tma[(None, None, kv_head, batch)], (cfg.block_n, d), (None, 0)), box_rank=2)
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(kv_full, kv_bytes)
-        cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, 0)], tma_bar_ptr=kv_full)
-        cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, 0)], tma_bar_ptr=kv_full)
-        tQsQ, tQgQ = tma.partition(tma_q, smem.sQ, cute.local_tile(
-            mQ_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
-        tOsO, tOgO = tma.partition(tma_do, smem.sdO, cute.local_tile(
-            mdO_tma[(None, None, head, batch)], (cfg.block_m, d), (None, 0)), box_rank=2)
-        tLsL, tLgL = tma.partition(tma_lse, smem.sLSE, cute.local_tile(
-            mLSE_tma[(None, head, batch)], (cfg.block_m,), (None,)), box_rank=1)
-        tDsD, tDgD = tma.partition(tma_d, smem.sD, cute.local_tile(
-            mD_tma[(None, head, batch)], (cfg.block_m,), (None,)), box_rank=1)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
-            pipe.producer_acquire(state)
-            bar = pipe.producer_get_barrier(state)
-            self.loader.load(tma_q, tQgQ[(None, m)], tQsQ[(None, state.index)], bar)
-            self.loader.load(tma_do, tOgO[(None, m)], tOsO[(None, state.index)], bar)
-            self.loader.load(tma_lse, tLgL[(None, m)], tLsL[(None, state.index)], bar)
-            self.loader.load(tma_d, tDgD[(None, m)], tDsD[(None, state.index)], bar)
-            pipe.producer_commit(state)
-            state.advance()
-        pipe.producer_tail(state)
-
-    @cute.jit
-    def produce_cp_async(self, pipe, kv_full, mQ, mdO, mK, mV, mLSE, mD, smem, tile):
-        """A warpgroup: the same tiles 16 bytes a thread into the same swizzled stages. Rows
-        past s_q or s_k are written as zeros (they meet real data in the products: 0 times
-        garbage can be NaN)."""
-        cfg = self.cfg
-        tidx = cute.arch.thread_idx()[0] % WARPGROUP
-        n, head, batch, kv_head = tile.n_block, tile.head, tile.batch, tile.kv_head
-
-        key0 = n * cfg.block_n
-        self._gather_rows(mK, key0, kv_head, batch, smem.sK, cfg.block_n, 0,
-                          tile.seqlen_k - key0, tidx)
-        self._gather_rows(mV, key0, kv_head, batch, smem.sV, cfg.block_n, 0,
-                          tile.seqlen_k - key0, tidx)
-        self.loader.commit(kv_full)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
-            pipe.producer_acquire(state)
-            q0 = m * cfg.block_m
-            self._gather_rows(mQ, q0, head, batch, smem.sQ, cfg.block_m, state.index,
-                              tile.seqlen_q - q0, tidx)
-            self._gather_rows(mdO, q0, head, batch, smem.sdO, cfg.block_m, state.index,
-                              tile.seqlen_q - q0, tidx)
-            self._copy_stats(mLSE, mD, smem, q0, head, batch, state.index, tidx)
-            pipe.producer_commit(state)
-            state.advance()
-        pipe.producer_tail(state)
-
-    @cute.jit
-    def _gather_rows(self, mX, first, head, batch, sX, rows, stage, valid, tidx):
-        """Rows ``first`` .. ``first + rows - 1`` of (head, batch) of ``mX`` into stage
-        ``stage`` of ``sX``, 16 bytes a thread per copy; rows from ``valid`` on are zeros."""
-        d = self.cfg.head_dim
-        vec = cpa.VECTOR_BYTES * 8 // mX.element_type.width
-        views = cpa.partition_stage(sX, (rows, d), tidx, WARPGROUP, 1)
-
-        def source(row, col):
-            return cute.local_tile(mX[(first + row, None, head, batch)], (vec,), (col // vec,))
-
-        cpa.load_gathered(views, stage, valid, 0, source, zero_past=True)
-
-    @cute.jit
-    def _copy_stats(self, mLSE, mD, smem, q0, head, batch, stage, tidx):
-        """The query block's LSE and D (padded: whole blocks, no bounds) into stage
-        ``stage``, 16 bytes a thread: the first threads of the warpgroup take the LSE, the
-        next ones D."""
-        vec = cpa.VECTOR_BYTES * 8 // cutlass.Float32.width
-        per_stat = self.cfg.block_m // vec
-        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(
-            cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), cutlass.Float32,
-            num_bits_per_copy=cpa.VECTOR_BYTES * 8)
-        for which, mX, sX in ((0, mLSE, smem.sLSE), (1, mD, smem.sD)):
-            t = tidx - which * per_stat
-            if t >= 0 and t < per_stat:
-                cute.copy(atom, cute.local_tile(mX[(None, head, batch)], (vec,),
-                                                (q0 // vec + t,)),
-                          cute.local_tile(sX[(None, stage)], (vec,), (t,)))
-
     # ------------------------------------------------------------------------ consumers
     @cute.jit
-    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdK, mdV,
-                mTurns, tile, softmax_scale, kv_stores):
-        """A consumer warpgroup: its 64 keys against every query block (the module
-        docstring's loop), then its rows of dK and dV."""
+    def consume(self, pipe, kv_full, sdp_mma, dkv_mma, dq_mma, smem, tma_dq, mdQ_tma, mdQ, mdK,
+                mdV, mTurns, tile, softmax_scale, kv_stores):
+        """A consumer warpgroup: its 64 keys (or, ``splits_d``, its half of d) against every
+        query block (the module docstring's loop), then its part of dK and dV."""
         cfg = self.cfg
         dtype = smem.sK.element_type
         tidx, _, _ = cute.arch.thread_idx()
@@ -452,6 +390,10 @@ class FlashAttentionBackwardSm90:
         tSrdO = sdp_mma.make_fragment_B(sdp_wg.partition_B(smem.sdO))
         tVrdOt = dkv_mma.make_fragment_B(dkv_wg.partition_B(sdOt))
         tKrQt = dkv_mma.make_fragment_B(dkv_wg.partition_B(sQt))
+        tVrPt = tKrdSt = None  # splits_d: P^T and dS^T as dV's and dK's A, (keys, queries)
+        if cutlass.const_expr(cfg.splits_d):
+            tVrPt = dkv_mma.make_fragment_A(dkv_wg.partition_A(_transposed(smem.sP)))
+            tKrdSt = dkv_mma.make_fragment_A(dkv_wg.partition_A(_transposed(smem.sdS)))
         tQrdS = dq_mma.make_fragment_A(dq_wg.partition_A(smem.sdS))
         tQrKt = dq_mma.make_fragment_B(dq_wg.partition_B(sKt))
         # this thread's values: (key, query) of S^T
@@ -464,6 +406,9 @@ class FlashAttentionBackwardSm90:
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype), sdp_mma)
         r2s_ds_thr = r2s_ds.get_slice(ctid)
         tSsdS = r2s_ds_thr.partition_D(_transposed(smem.sdS))  # (.., buffer)
+        tSsP = None
+        if cutlass.const_expr(cfg.splits_d):
+            tSsP = r2s_ds_thr.partition_D(_transposed(smem.sP))  # P^T the same way
         s_shape = sdp_wg.partition_shape_C((cfg.block_n, cfg.block_m))
         acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
         acc_dp = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -473,8 +418,9 @@ class FlashAttentionBackwardSm90:
         acc_dq = cute.make_rmem_tensor(dq_wg.partition_shape_C((cfg.block_m, cfg.head_dim)),
                                        cutlass.Float32)
         # P^T and dS^T in 16 bits, element by element: the A fragments of dV and dK (the
-        # forward's P V argument: the m64nNk16 A layout is the accumulator's)
-        steps = cfg.block_m // 16
+        # forward's P V argument: the m64nNk16 A layout is the accumulator's; splits_d:
+        # what stmatrix takes to shared memory)
+        steps = cute.size(acc_s) // 8
         frag_a = cute.make_layout(((2, 2, 2), 1, steps), stride=((1, 2, 4), 0, 8))
         tPr = cute.make_rmem_tensor(frag_a, dtype)
         tdSr = cute.make_rmem_tensor(frag_a, dtype)
@@ -492,9 +438,12 @@ class FlashAttentionBackwardSm90:
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         key0 = tile.n_block * cfg.block_n
         # this warpgroup's half of dQ: its staging buffer and the TMA reduction's boxes, one
-        # per (batch, head, query block, warpgroup) in that order
-        tDsD, tDgD = tma.partition(tma_dq, smem.sdQ, cute.local_tile(
-            mdQ_tma, (cfg.dq_box_rows, DQ_ROW), (None, 0)), box_rank=2)
+        # per (batch, head, query block, warpgroup) in that order (splits_d: the same boxes
+        # of mdQ, added into by atomics)
+        tDsD = tDgD = None
+        if cutlass.const_expr(not cfg.splits_d):
+            tDsD, tDgD = tma.partition(tma_dq, smem.sdQ, cute.local_tile(
+                mdQ_tma, (cfg.dq_box_rows, DQ_ROW), (None, 0)), box_rank=2)
         dq_box0 = ((tile.batch * tile.heads + tile.head) * cute.ceil_div(
             tile.seqlen_q, cfg.block_m)) * cfg.consumers + wg
         dq_free = pipeline.NamedBarrier(barrier_id=int(BackwardBarrier.DQ_STAGED) + wg,
@@ -507,6 +456,7 @@ class FlashAttentionBackwardSm90:
             tQrdS=tQrdS, tQrKt=tQrKt, tPr=tPr, tdSr=tdSr, tPr_as_s=tPr_as_s,
             tdSr_as_s=tdSr_as_s, tScS=tScS, cols=cols, scale_log2=scale_log2, key0=key0,
             r2s_ds=r2s_ds, r2s_ds_thr=r2s_ds_thr, tSsdS=tSsdS, ds_ready=ds_ready,
+            tVrPt=tVrPt, tKrdSt=tKrdSt, tSsP=tSsP, mdQ=mdQ,
             tma_dq=tma_dq, tDsD=tDsD, tDgD=tDgD, dq_box0=dq_box0, dq_free=dq_free,
             leader=leader, wg=wg, thread=ctid % WARPGROUP, mTurns=mTurns)
         for m in cutlass.range(tile.m_lo, tile.m_hi, unroll=1):
@@ -515,8 +465,12 @@ class FlashAttentionBackwardSm90:
             self._issue_scores(ops, stage)
             self._scores_to_ds(ops, m, stage)
             self._issue_grads(ops, m, stage)
-            warpgroup.wait_group(1)  # dV and dQ done
-            self._send_dq(ops, m)
+            if cutlass.const_expr(cfg.splits_d):
+                warpgroup.wait_group(2)  # dQ done
+                self._add_dq(ops, m)
+            else:
+                warpgroup.wait_group(1)  # dV and dQ done
+                self._send_dq(ops, m)
             warpgroup.wait_group(0)  # dK has read Q's stage
             self.loader.consumer_release(pipe, read)
             read.advance()
@@ -543,8 +497,9 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def _scores_to_ds(self, ops, m, stage):
-        """Block m's S^T and dP^T (issued) -> P^T (into dV += P^T dO, issued) and dS^T
-        into this warpgroup's half of the block's dS buffer, both halves in on return."""
+        """Block m's S^T and dP^T (issued) -> P^T (into dV += P^T dO, issued; ``splits_d``:
+        into the block's P^T buffer) and dS^T into this warpgroup's half of the block's dS
+        buffer, both halves in on return."""
         cfg = self.cfg
         dtype = ops.smem.sK.element_type
         acc_s, acc_dp = ops.acc_s, ops.acc_dp
@@ -563,7 +518,13 @@ class FlashAttentionBackwardSm90:
                 acc_s[i] = cute.math.exp2(acc_s[i] * ops.scale_log2 - lse, fastmath=True)
         dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage) if narrow else None
         ops.tPr_as_s.store(acc_s.load().to(dtype))
-        if cutlass.const_expr(narrow):
+        buf = (m - ops.tile.m_lo) % 2
+        if cutlass.const_expr(cfg.splits_d):
+            # P^T into the block's buffer: each warpgroup's dV needs both warpgroups' queries
+            cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tPr_as_s),
+                      ops.tSsP[(None, None, None, buf)])
+            warpgroup.wait_group(0)  # dP^T done
+        elif cutlass.const_expr(narrow):
             self._issue_dv(ops, m, stage)
             warpgroup.wait_group(1)  # dP^T done
         else:
@@ -575,7 +536,6 @@ class FlashAttentionBackwardSm90:
         ops.tdSr_as_s.store(acc_dp.load().to(dtype))
         if cutlass.const_expr(not narrow):
             self._issue_dv(ops, m, stage)
-        buf = (m - ops.tile.m_lo) % 2
         cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tdSr_as_s),
                   ops.tSsdS[(None, None, None, buf)])
         cute.arch.fence_view_async_shared()  # dS: generic writes, WGMMA reads
@@ -591,28 +551,20 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def _issue_grads(self, ops, m, stage):
         """dQ_m = dS K (this warpgroup's half of d) and dK += dS^T Q, two groups: dQ is
-        staged and sent while dK's GEMM runs."""
+        staged and sent while dK's GEMM runs. ``splits_d``: dQ, dV += P^T dO and dK += dS^T
+        Q, three groups, this warpgroup's half of d each, every A from shared memory."""
         buf = (m - ops.tile.m_lo) % 2
+        later = m > ops.tile.m_lo
         self._issue_ss(ops.dq_mma, ops.acc_dq, ops.tQrdS, ops.tQrKt, buf, 0)
         warpgroup.commit_group()
-        warpgroup.fence()
-        self._issue_rs(ops.dkv_mma, ops.acc_dk, ops.tdSr, ops.tKrQt, stage, m > ops.tile.m_lo)
+        if cutlass.const_expr(self.cfg.splits_d):
+            self._issue_ss(ops.dkv_mma, ops.acc_dv, ops.tVrPt, ops.tVrdOt, buf, stage, later)
+            warpgroup.commit_group()
+            self._issue_ss(ops.dkv_mma, ops.acc_dk, ops.tKrdSt, ops.tKrQt, buf, stage, later)
+        else:
+            warpgroup.fence()
+            self._issue_rs(ops.dkv_mma, ops.acc_dk, ops.tdSr, ops.tKrQt, stage, later)
         warpgroup.commit_group()
-
-    @cute.jit
-    def _send_dq(self, ops, m):
-        """dQ_m (its GEMM done) staged, then added into the accumulator by one TMA
-        reduction (in key-block order where deterministic)."""
-        cfg = self.cfg
-        self._stage_dq(ops.acc_dq, ops.smem.sdQ, ops.wg, ops.thread, ops.dq_free, ops.leader)
-        if ops.leader:  # a whole warp: the TMA copy elects its own lane
-            if cutlass.const_expr(cfg.deterministic):
-                self._wait_turn(ops.mTurns, m, ops.tile)
-            cute.copy(ops.tma_dq, ops.tDsD[(None, ops.wg)],
-                      ops.tDgD[(None, ops.dq_box0 + m * cfg.consumers)])
-            tma.commit()
-            if cutlass.const_expr(cfg.deterministic):
-                self._pass_turn(ops.mTurns, m, ops.tile)
 
     @staticmethod
     def _per_column(sX, tScS, cols, stage):
@@ -644,14 +596,15 @@ class FlashAttentionBackwardSm90:
                     acc_s[i] = -cutlass.Float32.inf
 
     @cute.jit
-    def _issue_ss(self, mma, acc, tA, tB, a_stage, b_stage):
-        """acc = A B^T over the k-steps, both operands in shared memory (not committed)."""
+    def _issue_ss(self, mma, acc, tA, tB, a_stage, b_stage, accumulate=False):
+        """acc = A B^T (acc += A B^T where ``accumulate``) over the k-steps, both operands
+        in shared memory (not committed)."""
         warpgroup.fence()
         # a fresh atom, not the tiled MMA's field: a field set inside a branch or loop does
         # not reach uses outside it (IR dominance)
         atom = cute.make_mma_atom(mma.op)
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            atom.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            atom.set(warpgroup.Field.ACCUMULATE, accumulate if kb == 0 else True)
             cute.gemm(atom, acc, tA[(None, None, kb, a_stage)], tB[(None, None, kb, b_stage)],
                       acc)
 
@@ -665,107 +618,3 @@ class FlashAttentionBackwardSm90:
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, accumulate if kb == 0 else True)
             cute.gemm(atom, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
-
-    @cute.jit
-    def _wait_turn(self, mTurns, m, tile):
-        """``deterministic``: before adding its half of dQ_m, wait (lane 0, then the warp)
-        until every key block before this one has added both its halves: the key blocks that
-        see query block m are 0 .. some last one (causal's first query block grows with the
-        key block), so key block n's turn is count 2 n. Key block n - 1 was launched before n
-        (the launch order), so it runs or has run: the wait ends."""
-        if cute.arch.lane_idx() == 0:
-            turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
-                                                             + mTurns.shape[1] * tile.batch))
-            want = 2 * tile.n_block
-            seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
-            while seen != want:
-                seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
-        cute.arch.sync_warp()
-
-    @cute.jit
-    def _pass_turn(self, mTurns, m, tile):
-        """``deterministic``: once this half's reduction has completed in global memory
-        (the bulk group's writes, not only its reads), count it (release): the next key
-        block's adds into dQ_m come after it, always in key-block order."""
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
-        if cute.arch.lane_idx() == 0:
-            turn = mTurns.iterator + (m + mTurns.shape[0] * (tile.head
-                                                             + mTurns.shape[1] * tile.batch))
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.atomic_add(turn, cutlass.Int32(1), sem="release", scope="gpu")
-        cute.arch.sync_warp()
-
-    @cute.jit
-    def _stage_dq(self, acc_dq, sdQ, wg, thread, dq_free, leader):
-        """dQ_m into this warpgroup's staging buffer, once the previous block's TMA
-        reduction has read it (its issuing lane waits, the warpgroup's barrier passes that
-        on), then ordered before the reduction reads it (proxy fence, the barrier again)."""
-        if leader:
-            tma.wait(0)
-        dq_free.arrive_and_wait()
-        # the buffer as (4 values, chunk j x 128 threads): chunk j of thread t at j * 128 + t
-        chunks = cute.size(acc_dq) // 4
-        buf = cute.make_tensor(sdQ[(None, None, wg)].iterator,
-                               cute.make_layout((4, chunks * WARPGROUP), stride=(1, 4)))
-        chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
-        for j in cutlass.range_constexpr(chunks):
-            for v in cutlass.range_constexpr(4):
-                chunk[v] = acc_dq[4 * j + v]
-            cute.autovec_copy(chunk, buf[(None, j * WARPGROUP + thread)])
-        cute.arch.fence_view_async_shared()
-        dq_free.arrive_and_wait()
-
-    @cute.jit
-    def _store_kv_tma(self, acc_dk, acc_dv, dkv_mma, ctid, smem, kv_stores, both, mine, leader,
-                      tile, softmax_scale):
-        """dK * scale and dV, 16-bit, through the freed Q and dO stages: once both warpgroups'
-        last GEMMs have read them (``both``), warpgroup w writes its 64 keys into stage w by
-        stmatrix, and its leading warp stores them with TMA (rows past s_k clipped)."""
-        tma_dk, mdK_tma, tma_dv, mdV_tma = kv_stores
-        cfg = self.cfg
-        dtype = smem.sQ.element_type
-        both.arrive_and_wait()
-        # the (block_n, d) C tile of dK / dV seen over the stages: key 64 w + r is row r of
-        # stage w (the transposed-view trick: a composition picks the coordinates)
-        rows, d = 64, cfg.head_dim
-        over_stages = cute.make_layout(((rows, cfg.consumers), d), stride=((1, rows * d), rows))
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype), dkv_mma)
-        thr = r2s.get_slice(ctid)
-        wg = ctid // WARPGROUP
-        for acc, sX, scale in ((acc_dk, smem.sQ_kv, softmax_scale),
-                               (acc_dv, smem.sdO_kv, 1.0)):
-            out = cute.make_rmem_tensor(acc.layout, dtype)
-            out.store((acc.load() * scale).to(dtype))
-            cute.copy(r2s, thr.retile(out), thr.partition_D(cute.composition(sX, over_stages)))
-        cute.arch.fence_view_async_shared()  # generic writes, TMA reads
-        mine.arrive_and_wait()
-        if leader:  # a whole warp: the TMA copy elects its own lane
-            block = 2 * tile.n_block + wg  # this warpgroup's 64 keys
-            for atom, mX_tma, sX in ((tma_dk, mdK_tma, smem.sQ_kv),
-                                     (tma_dv, mdV_tma, smem.sdO_kv)):
-                tXsX, tXgX = tma.partition(atom, sX, cute.local_tile(
-                    mX_tma[(None, None, tile.head, tile.batch)], (rows, d), (None, 0)),
-                    box_rank=2)
-                cute.copy(atom, tXsX[(None, wg)], tXgX[(None, block)])
-            tma.commit()
-
-    @cute.jit
-    def _store_kv(self, acc_dk, acc_dv, kv_thr, mdK, mdV, key0, tile, softmax_scale):
-        """dK * scale and dV in the outputs' dtype, this thread's rows below s_k, a column
-        pair per store."""
-        cfg = self.cfg
-        tKcK = kv_thr.partition_C(cute.make_identity_tensor((cfg.block_n, cfg.head_dim)))
-        for i in cutlass.range_constexpr(cute.size(acc_dk) // 2):
-            row, col = tKcK[2 * i]
-            key = key0 + row
-            if key < tile.seqlen_k:
-                pair = cute.make_rmem_tensor((2,), mdK.element_type)
-                pair[0] = (acc_dk[2 * i] * softmax_scale).to(mdK.element_type)
-                pair[1] = (acc_dk[2 * i + 1] * softmax_scale).to(mdK.element_type)
-                cute.autovec_copy(pair, cute.local_tile(
-                    mdK[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))
-                pair[0] = acc_dv[2 * i].to(mdK.element_type)
-                pair[1] = acc_dv[2 * i + 1].to(mdK.element_type)
-                cute.autovec_copy(pair, cute.local_tile(
-                    mdV[(key, None, tile.head, tile.batch)], (2,), (col // 2,)))

@@ -257,7 +257,11 @@ class AttentionConfig:
 # (ptxas C7512: every WGMMA serialized, d = 128); the cp.async producer's 128 threads then
 # spill instead, off the tensor cores' path
 BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (24, 240)}
-BACKWARD_HEAD_DIMS = (64, 128)
+BACKWARD_HEAD_DIMS = (64, 128, 256)
+# head dims the backward runs for without an explicit ``BackwardConfig``: d = 256 (its own
+# work split, ``BackwardConfig.splits_d``) compiles here without spills or serialized WGMMAs
+# but no GPU has yet checked its gradients (docs/design.md, "Attention backward")
+BACKWARD_CHECKED_HEAD_DIMS = (64, 128)
 # query rows of the backward's block per (head dim, producer), 64 where not named. FA4's
 # 128-row tile at d = 64 (``block_m=128``) compiles without spills or serialized WGMMAs (TMA)
 # but has not been timed, so no entry yet (docs/design.md, "Attention backward")
@@ -271,13 +275,15 @@ class BackwardConfig:
     rows that see them, Q and dO through ``stages`` buffers. FlashAttention-3's tile at
     d = 128 (64 x 128, two consumer warpgroups, S and dP computed transposed); at d = 64 its
     128 x 128 tile fits too, with dV issued after the dS math and the LSE and D read where
-    used (``backward.py``)."""
+    used (``backward.py``). At d = 256 (``splits_d``) the CTA holds 64 keys and its
+    warpgroups split d instead: dK and dV of 64 keys x 256 would not fit one warpgroup's
+    registers (FlashAttention-3's layout there)."""
 
     head_dim: int = 128
     causal: bool = False
     load: str = "tma"  # "tma" or "cp_async": only the producer differs
     block_m: int = 0  # 0: BACKWARD_BLOCK_M's, else 64
-    block_n: int = 128
+    block_n: int = 0  # 0: 64 at d = 256, else 128
     stages: int = 2
     # dQ's key-block contributions added in key-block order (each CTA waits for the one
     # before it at every query block: a turn counter per (query block, head, batch)), so
@@ -287,23 +293,39 @@ class BackwardConfig:
     def __post_init__(self):
         if self.head_dim not in BACKWARD_HEAD_DIMS:
             raise ValueError(f"head_dim={self.head_dim}: the backward is built for "
-                             f"{BACKWARD_HEAD_DIMS} (d = 256 needs FlashAttention-3's "
-                             "transposed dK / dV tiles, not built)")
+                             f"{BACKWARD_HEAD_DIMS}")
         if self.load not in ("tma", "cp_async"):
             raise ValueError(f"load={self.load!r}: 'tma' or 'cp_async'")
         if not self.block_m:
             object.__setattr__(self, "block_m",
                                BACKWARD_BLOCK_M.get((self.head_dim, self.load), 64))
-        if self.block_n != 128 or self.block_m not in (64, 128) or (
+        if not self.block_n:
+            object.__setattr__(self, "block_n", 64 if self.splits_d else 128)
+        if self.block_n != (64 if self.splits_d else 128) or self.block_m not in (64, 128) or (
                 self.block_m == 128 and self.head_dim != 64):
             raise ValueError(f"block_m={self.block_m}, block_n={self.block_n}: the backward's "
-                             "tile is 64 queries x 128 keys (128 x 128 at d = 64)")
+                             "tile is 64 queries x 128 keys (128 x 128 at d = 64, 64 x 64 at "
+                             "d = 256)")
         if self.stages not in (1, 2):
             raise ValueError(f"stages={self.stages}: 1 or 2")
 
     @property
+    def splits_d(self) -> bool:
+        """Whether the consumer warpgroups split d (d = 256: each its half of dK and dV for
+        all 64 keys, P^T and dS^T shared through shared memory, dQ added by vector atomics:
+        the shared memory a dQ staging would take holds the second Q / dO stage), not the
+        keys (each its 64 keys over all of d)."""
+        return self.head_dim == 256
+
+    @property
     def consumers(self) -> int:
-        return self.block_n // 64
+        return 2  # a warpgroup per 64 keys, or (splits_d) per half of d
+
+    @property
+    def kv_out_stages(self) -> int:
+        """64-row stages dK and dV leave through (``stores_kv_tma``): one per warpgroup's 64
+        keys, or (splits_d) one the two warpgroups' column halves share."""
+        return 1 if self.splits_d else self.consumers
 
     @property
     def threads(self) -> int:
@@ -320,12 +342,15 @@ class BackwardConfig:
         return self.block_m * self.head_dim // 2 // 256
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """K, V (block_n x d), Q and dO stages (block_m x d each), two dS buffers, the fp32
-        dQ staging (block_m x d) and the LSE and D stages."""
+        """K, V (block_n x d), Q and dO stages (block_m x d each), two dS buffers (and two
+        P^T buffers where ``splits_d``), the fp32 dQ staging (block_m x d, not where
+        ``splits_d``) and the LSE and D stages."""
         d = self.head_dim
+        score_buffers = 4 if self.splits_d else 2
         return (elem_bytes * (2 * self.block_n * d + 2 * self.stages * self.block_m * d
-                              + 2 * self.block_m * self.block_n)
-                + 4 * self.block_m * d + 2 * 4 * self.stages * self.block_m)
+                              + score_buffers * self.block_m * self.block_n)
+                + (0 if self.splits_d else 4 * self.block_m * d)
+                + 2 * 4 * self.stages * self.block_m)
 
 
 def dense_tiles(head_dim: int, causal: bool) -> tuple[tuple[int, int], ...]:
