@@ -603,10 +603,12 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
         # a fresh atom, not the tiled MMA's field: a field set inside a branch or loop does
         # not reach uses outside it (IR dominance)
         atom = cute.make_mma_atom(mma.op)
+        # each operand's stage sliced once: its k-steps are then constant offsets of one
+        # descriptor (a 64-bit add each), not descriptors rebuilt from the runtime stage
+        rA, rB = tA[(None, None, None, a_stage)], tB[(None, None, None, b_stage)]
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, accumulate if kb == 0 else True)
-            cute.gemm(atom, acc, tA[(None, None, kb, a_stage)], tB[(None, None, kb, b_stage)],
-                      acc)
+            cute.gemm(atom, acc, rA[(None, None, kb)], rB[(None, None, kb)], acc)
 
     @cute.jit
     def _issue_rs(self, mma, acc, tA, tB, b_stage, accumulate):
@@ -615,6 +617,7 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
         needs to keep WGMMAs in flight across other code), A from registers (not
         committed)."""
         atom = cute.make_mma_atom(mma.op)
+        rB = tB[(None, None, None, b_stage)]
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
             atom.set(warpgroup.Field.ACCUMULATE, accumulate if kb == 0 else True)
-            cute.gemm(atom, acc, tA[(None, None, kb)], tB[(None, None, kb, b_stage)], acc)
+            cute.gemm(atom, acc, tA[(None, None, kb)], rB[(None, None, kb)], acc)
