@@ -36,9 +36,7 @@ from attention import (  # noqa: E402
 )
 from gemm import bench, progress  # noqa: E402
 
-# the grid's head dims; --head-dims 256 times the d = 256 kernel, which the torch face runs
-# only by an explicit config until a GPU has checked it (BACKWARD_CHECKED_HEAD_DIMS)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 
 
 def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS,
@@ -47,7 +45,7 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import cutetma
-    from cutetma.kernels.attention.config import BACKWARD_CHECKED_HEAD_DIMS, BackwardConfig
+    from cutetma.kernels.attention.config import BackwardConfig
 
     t = getattr(torch, dtype)
     b, h = shape or (TOKENS // s, 2048 // d)
@@ -91,17 +89,13 @@ def measure(dtype: str, d: int, s: int, causal: bool, rounds: int = FINAL_ROUNDS
     else:
         row["fa4_error"] = why
     out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
-    checked = d in BACKWARD_CHECKED_HEAD_DIMS  # else by explicit config (not autograd)
     for load in ("tma", "cp_async"):
         if layer:
-            if checked:
-                contenders.append((load, lambda load=load: autograd_call(
-                    lambda q, k, v: cutetma.attention(q, k, v, causal=causal, load=load))))
+            contenders.append((load, lambda load=load: autograd_call(
+                lambda q, k, v: cutetma.attention(q, k, v, causal=causal, load=load))))
             continue
-        config = None if checked else BackwardConfig(head_dim=d, causal=causal, load=load)
-        contenders.append((load, lambda load=load, config=config: lambda:
-                           cutetma.attention_backward(dout, q, k, v, out, lse, causal=causal,
-                                                      load=load, config=config)))
+        contenders.append((load, lambda load=load: lambda: cutetma.attention_backward(
+            dout, q, k, v, out, lse, causal=causal, load=load)))
     for name, fields in custom if not layer else ():  # candidate BackwardConfigs
         config = BackwardConfig(head_dim=d, causal=causal, **fields)
         contenders.append((name, lambda config=config: lambda: cutetma.attention_backward(

@@ -138,7 +138,7 @@ def test_d256_gqa_and_fp16(dtype, h, h_kv):
     check(2, 256, 384, h, h_kv, 256, True, dtype=dtype, block_n=64)
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_deterministic_mode_repeats_its_bits(d):
     """Under torch.use_deterministic_algorithms the key blocks add into dQ in order: two runs
     give the same bits (and the gradients stay right); at d = 256 the adds are atomics."""

@@ -142,17 +142,18 @@ def test_backward_launch_args_match_the_dsl():
         assert kind.from_address(address(dsl_arg)).value == values[i], i
 
 
-def test_d256_runs_only_when_asked():
-    """The d = 256 backward is built but no GPU has checked its gradients: the torch face
-    runs it only with an explicit config, and refuses head dims it has no kernel for."""
+def test_backward_head_dims():
+    """The backward runs for d = 64, 128 and 256 and refuses a head dim it has no kernel
+    for, before any launch; at d = 64 the TMA producer takes 128-query blocks, cp.async 64."""
     from cutetma.backward import check_head_dim
 
-    check_head_dim(128)
-    check_head_dim(256, BackwardConfig(head_dim=256))
-    with pytest.raises(ValueError, match="not yet checked on a GPU"):
-        check_head_dim(256)
+    for d in (64, 128, 256):
+        check_head_dim(d)
     with pytest.raises(ValueError, match="head_dim 96"):
         check_head_dim(96)
+    assert BackwardConfig(head_dim=64).block_m == 128
+    assert BackwardConfig(head_dim=64, load="cp_async").block_m == 64
+    assert BackwardConfig(head_dim=128).block_m == BackwardConfig(head_dim=256).block_m == 64
 
 
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
@@ -302,6 +303,20 @@ def test_deterministic_mode_takes_turns():
     assert re.search(r"atom\.\S*release\S*\.add", ordered)
     assert re.search(r"cp\.async\.bulk\.wait_group\s+0", ordered)
     assert build.nested_elects(ordered) == 0
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_turn_wait_compares_by_order(d):
+    """The turn count only grows, and the two halves of key block n both wait for 2 n: the
+    first to finish makes it 2 n + 1 while the other may not have polled yet. The wait
+    compares by order (``setp.lt`` / ``setp.ge``); an equality test would hang that half."""
+    ordered = build.compile_attention_backward(
+        BackwardConfig(head_dim=d, deterministic=True)).ptx
+    polls = re.findall(r"ld\.acquire\.gpu\S*\.b32\s+(%r\d+)", ordered)
+    assert polls
+    for reg in polls:
+        compare = re.search(rf"setp\.(\w+)\.s32\s+%p\d+, {reg},", ordered)
+        assert compare and compare.group(1) in ("lt", "ge"), (reg, compare)
 
 
 @pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (256, 64), (64, 128),

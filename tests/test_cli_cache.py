@@ -254,14 +254,15 @@ def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsy
 
 
 def test_backward_entries(cache_dir, capsys):
-    """``cache warm --backward``: the backward's kernel per (head dim it has, causal), d = 256
-    left out; compiled once, then a hit."""
+    """``cache warm --backward``: the backward's kernel per (head dim, causal); compiled
+    once, then a hit."""
     from cutetma.cli import main
     from cutetma.runtime import warm
 
     entries = warm.backward_entries(warm.ATTENTION_PRESET, ["bfloat16"], ["tma"])
     assert [e.name() for e in entries] == [
-        f"attention backward bf16 d={d}{c} tma" for d in (64, 128) for c in ("", " causal")]
+        f"attention backward bf16 d={d}{c} tma" for d in (64, 128, 256)
+        for c in ("", " causal")]
     args = ["cache", "warm", "--attention", "128,causal", "--backward", "--dtypes", "bfloat16",
             "--jobs", "1"]
     assert main(args) == 0

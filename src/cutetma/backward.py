@@ -26,7 +26,6 @@ import torch
 from cutetma import runtime
 from cutetma.checks import attention_config, check_operand, tma_rows_aligned
 from cutetma.kernels.attention.config import (
-    BACKWARD_CHECKED_HEAD_DIMS,
     BACKWARD_HEAD_DIMS,
     BackwardConfig,
     dq_splits_rows,
@@ -141,15 +140,10 @@ def _statistics(dout, out, lse, dlse, block_m: int) -> tuple:
     return lse_log2, dsum, dq
 
 
-def check_head_dim(d: int, config=None) -> None:
-    """Refuse a head dim the backward has no kernel for, or (without an explicit
-    ``config``) one whose kernel no GPU has checked yet."""
+def check_head_dim(d: int) -> None:
+    """Refuse a head dim the backward has no kernel for."""
     if d not in BACKWARD_HEAD_DIMS:
-        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_CHECKED_HEAD_DIMS}")
-    if d not in BACKWARD_CHECKED_HEAD_DIMS and config is None:
-        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_CHECKED_HEAD_DIMS}; "
-                         f"its d = {d} kernel is built but its gradients are not yet checked "
-                         f"on a GPU (pass config=BackwardConfig(head_dim={d}, ...) to run it)")
+        raise ValueError(f"head_dim {d}: the backward supports {BACKWARD_HEAD_DIMS}")
 
 
 def _check(dout, q, k, v, out, lse, dlse, load, config=None) -> None:
@@ -168,7 +162,7 @@ def _check(dout, q, k, v, out, lse, dlse, load, config=None) -> None:
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[2] == 0 or h % k.shape[2]:
         raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} key/value heads")
-    check_head_dim(d, config)
+    check_head_dim(d)
     for name, t in (("lse", lse), ("dlse", dlse)):
         if t is None and name == "dlse":
             continue

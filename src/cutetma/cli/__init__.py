@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
              "decode packed / split, varlen queries), for --attention's head dims")
     warm_parser.add_argument(
         "--backward", action="store_true",
-        help="also the attention backward (training) for --attention's head dims (64, 128)")
+        help="also the attention backward (training) for --attention's head dims")
     warm_parser.add_argument("--dtypes", type=CACHE_DTYPES, default=["float16", "bfloat16"],
                              metavar="float16,bfloat16", help="(default: both)")
     warm_parser.add_argument("--load", type=CACHE_LOADS, default=["tma"], metavar="tma,cp_async",

@@ -219,13 +219,12 @@ def attention_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> 
 
 def backward_entries(specs=ATTENTION_PRESET, dtypes=DTYPES, loads=("tma",)) -> list[Entry]:
     """The attention backward's kernel (``cutetma.attention_backward``, autograd through
-    ``cutetma.attention``) for each (head dim it runs without a config, causal), dtype and
-    load."""
-    from cutetma.kernels.attention.config import BACKWARD_CHECKED_HEAD_DIMS, BackwardConfig
+    ``cutetma.attention``) for each (head dim, causal), dtype and load."""
+    from cutetma.kernels.attention.config import BACKWARD_HEAD_DIMS, BackwardConfig
     return _distinct(Entry("backward", dtype, BackwardConfig(head_dim=d, causal=causal,
                                                              load=load))
                      for dtype in dtypes for load in loads for d, causal in specs
-                     if d in BACKWARD_CHECKED_HEAD_DIMS)
+                     if d in BACKWARD_HEAD_DIMS)
 
 
 # ---------------------------------------------------------------------------- compiling

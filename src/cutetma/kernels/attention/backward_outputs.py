@@ -40,9 +40,10 @@ class BackwardOutputs:
         cfg = self.cfg
         if cutlass.const_expr(cfg.deterministic):
             self._wait_turn(ops.mTurns, m, ops.tile)  # every warp: each adds its own chunks
-        box = cute.local_tile(ops.mdQ, (cfg.dq_box_rows, DQ_ROW),
-                              (ops.dq_box0 + m * cfg.consumers, 0))
-        out, chunks = self._fragment_chunks(box.iterator, ops.acc_dq)
+        # the box's offset in 64 bits: b x h x s_q x d fp32 passes 2^31 elements (8 GB)
+        box = ops.mdQ.iterator + cutlass.Int64(ops.dq_box0 + m * cfg.consumers) * (
+            cfg.dq_box_rows * DQ_ROW)
+        out, chunks = self._fragment_chunks(box, ops.acc_dq)
         chunk = cute.make_rmem_tensor((4,), cutlass.Float32)
         for j in cutlass.range_constexpr(chunks):
             for v in cutlass.range_constexpr(4):
@@ -70,7 +71,7 @@ class BackwardOutputs:
                                                              + mTurns.shape[1] * tile.batch))
             want = 2 * tile.n_block
             seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
-            while seen != want:
+            while seen < want:  # the count only grows; the other half may already be in
                 seen = cute.arch.load(turn, cutlass.Int32, sem="acquire", scope="gpu")
         cute.arch.sync_warp()
 

@@ -258,14 +258,10 @@ class AttentionConfig:
 # spill instead, off the tensor cores' path
 BACKWARD_REGISTERS = {"tma": (24, 240), "cp_async": (24, 240)}
 BACKWARD_HEAD_DIMS = (64, 128, 256)
-# head dims the backward runs for without an explicit ``BackwardConfig``: d = 256 (its own
-# work split, ``BackwardConfig.splits_d``) compiles here without spills or serialized WGMMAs
-# but no GPU has yet checked its gradients (docs/design.md, "Attention backward")
-BACKWARD_CHECKED_HEAD_DIMS = (64, 128)
-# query rows of the backward's block per (head dim, producer), 64 where not named. FA4's
-# 128-row tile at d = 64 (``block_m=128``) compiles without spills or serialized WGMMAs (TMA)
-# but has not been timed, so no entry yet (docs/design.md, "Attention backward")
-BACKWARD_BLOCK_M: dict = {}
+# query rows of the backward's block per (head dim, producer), 64 where not named: FA4's
+# 128-row tile at d = 64 with TMA, faster in every cell of the grid (docs/design.md,
+# "Attention backward"); cp.async keeps 64 rows (its producer spills at 128)
+BACKWARD_BLOCK_M: dict = {(64, "tma"): 128}
 
 
 @dataclasses.dataclass(frozen=True)
