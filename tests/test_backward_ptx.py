@@ -396,3 +396,16 @@ def test_preprocess_ptx(d):
     assert re.search(r"shfl\.sync\.bfly", ptx)
     if shutil.which("ptxas"):
         assert "0 bytes spill stores" in build.ptxas_log(ptx)
+
+
+@pytest.mark.parametrize("d,block_m", [(64, 64), (128, 64), (256, 64), (64, 128)])
+def test_dq_conversion_stores_16_bytes(d, block_m):
+    """dQ's conversion: every accumulator load and every dQ store 16 bytes (a quad's
+    transpose gives each lane 8 neighbouring columns), the loads all before the first
+    store; per thread, block_m x d / 256 values in, as many bf16 out."""
+    ptx = build.compile_dq_postprocess(d, block_m).ptx
+    values = block_m * d // 256
+    assert re.findall(r"ld\.global\S*", ptx) == ["ld.global.v4.b32"] * (values // 4)
+    assert re.findall(r"st\.global\S*", ptx) == ["st.global.v4.b32"] * (values // 8)
+    assert ptx.rindex("ld.global") < ptx.index("st.global")
+    assert len(re.findall(r"shfl\.sync\.bfly", ptx)) == 4 * values // 8

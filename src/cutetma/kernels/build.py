@@ -381,6 +381,24 @@ def compile_v_transpose(head_dim: int):
                            make_fake_stream())
 
 
+def compile_dq_postprocess(head_dim: int, block_m: int = 64, dtype_name: str = "BFloat16"):
+    """The backward's dQ conversion (``DqPostprocess.from_pointers``, as
+    ``runtime.dq_postprocess_launch`` compiles it) for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.attention.preprocess import DqPostprocess
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    def pointer(dtype):
+        return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=16)
+
+    return dsl.compile_ptx(DqPostprocess(head_dim, block_m).from_pointers,
+                           pointer(cutlass.Float32), pointer(getattr(cutlass, dtype_name)),
+                           *(cutlass.Int32(1),) * 3, *(cutlass.Int64(8),) * 3,
+                           cutlass.Float32(0.5), make_fake_stream())
+
+
 @functools.cache
 def compile_attention_backward(cfg, dtype_name: str = "BFloat16"):
     """The attention backward (``FlashAttentionBackwardSm90.from_pointers``, as

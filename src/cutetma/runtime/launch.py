@@ -340,7 +340,7 @@ def dq_postprocess_launch(dtype: torch.dtype, head_dim: int,
 
     def build():
         cutlass, stream = _dsl()
-        args = (typed_pointer(torch.float32), typed_pointer(dtype, 4), *(1,) * 6,
+        args = (typed_pointer(torch.float32), typed_pointer(dtype, 16), *(1,) * 6,
                 cutlass.Float32(1.0), stream)
         return _compiled(PostprocessLaunch, "cutetma.kernels.attention.preprocess",
                          "DqPostprocess.from_pointers", (head_dim, block_m),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from cutetma import dsl
 from cutetma.kernels.attention.config import LOG2_E, dq_splits_rows
+from cutetma.kernels.attention.epilogue import quad_transpose
 
 cutlass, cute = dsl.cutlass()
 from cuda.bindings import driver as cuda  # noqa: E402
@@ -117,9 +118,12 @@ class DqPostprocess:
     the dQ MMA's fragment order (``cutetma.backward.dq_from_fragments`` spells the order out
     and is this kernel's reference): one CTA of 256 threads per (query block, head, batch),
     thread t of the two consumer warpgroups reading its own 16-byte chunks (neighbouring
-    threads, neighbouring chunks: whole lines), scaling them and storing each (row, column
-    pair) of dQ in the output's dtype. (The same in torch, one permuted copy, read the
-    accumulator 8 bytes at a time across 16-byte strides.)"""
+    threads, neighbouring chunks: whole lines) and scaling them. A thread holds a column pair
+    of each chunk's rows; the four lanes of a quad hold a row's 8 columns, so a transpose
+    within the quad (``quad_transpose``, the forward epilogue's) over four chunks leaves each
+    lane 8 neighbouring columns: 16-byte stores, a warp writing 64 contiguous bytes of each of
+    8 rows (pairs of 4 bytes had left every 32-byte sector half written). (The same in torch,
+    one permuted copy, read the accumulator 8 bytes at a time across 16-byte strides.)"""
 
     def __init__(self, head_dim: int, block_m: int = 64):
         self.head_dim = head_dim
@@ -135,7 +139,8 @@ class DqPostprocess:
         d = self.head_dim
         blocks = (seqlen_q + self.block_m - 1) // self.block_m
         acc = dq_accumulator(pAcc, self.block_m * d, blocks, heads, batch)
-        q_s, q_h, q_b = (cute.assume(x, divby=2) for x in (q_s, q_h, q_b))
+        # dQ is the torch face's own contiguous tensor: rows of d >= 64 values, 16-byte aligned
+        q_s, q_h, q_b = (cute.assume(x, divby=8) for x in (q_s, q_h, q_b))
         dq = cute.make_tensor(pdQ, cute.make_layout((d, seqlen_q, heads, batch),
                                                     stride=(1, q_s, q_h, q_b)))
         self.kernel(acc, dq, scale).launch(grid=(blocks, heads, batch),
@@ -164,14 +169,20 @@ class DqPostprocess:
         held = cute.make_rmem_tensor((4, chunks), cutlass.Float32)
         for k in cutlass.range_constexpr(chunks):
             cute.autovec_copy(cute.local_tile(half, (4,), (k * THREADS + t,)), held[None, k])
-        pair = cute.make_rmem_tensor((2,), mdQ.element_type)
-        for k in cutlass.range_constexpr(chunks):
-            slab, j = k // chunks_per_row, k % chunks_per_row
-            col = col0 + 8 * j + 2 * c
+        quad_chunks = chunks_per_row // 4  # chunks of a row's 8-column groups, 4 at a time
+        for slab in cutlass.range_constexpr(chunks // chunks_per_row):
             for e1 in cutlass.range_constexpr(2):
                 q = block * self.block_m + row0 + 64 * slab + 16 * warp + 8 * e1 + r
-                if q < seqlen_q:
-                    pair[0] = (held[2 * e1, k] * scale).to(mdQ.element_type)
-                    pair[1] = (held[2 * e1 + 1, k] * scale).to(mdQ.element_type)
-                    cute.autovec_copy(pair, cute.local_tile(mdQ[(None, q, head, batch)], (2,),
-                                                            (col // 2,)))
+                row = cute.zipped_divide(mdQ[(None, q, head, batch)], (8,))
+                for g in cutlass.range_constexpr(quad_chunks):
+                    # word w: this lane's pair of 8-column group 4 g + w; after the transpose,
+                    # lane c's pairs of group 4 g + c (columns 2 w, 2 w + 1 of it)
+                    words = cute.make_rmem_tensor((8,), mdQ.element_type)
+                    for w in cutlass.range_constexpr(4):
+                        k = slab * chunks_per_row + 4 * g + w
+                        for half in cutlass.range_constexpr(2):
+                            words[2 * w + half] = (held[2 * e1 + half, k] * scale).to(
+                                mdQ.element_type)
+                    quad_transpose(cute.recast_tensor(words, cutlass.Int32), c)
+                    if q < seqlen_q:
+                        cute.autovec_copy(words, row[(None, col0 // 8 + 4 * g + c)])
