@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import bench, progress  # noqa: E402
+from gemm import bench, device_label, progress  # noqa: E402
 
 TOKENS = 16384
 HEAD_DIMS = (64, 128, 256)
@@ -365,7 +365,8 @@ def plot(rows, path: Path):
     ax.set_ylabel("TMA / cp.async (same kernel)")
     ax.set_title("producer: TMA over cp.async, every cell", fontsize=10)
     ax.legend(fontsize=6, ncol=2)
-    fig.suptitle("Attention forward on the H200, 16k tokens, h = 2048 / d", fontsize=11)
+    fig.suptitle(f"Attention forward on the {device_label()}, 16k tokens, h = 2048 / d",
+                 fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

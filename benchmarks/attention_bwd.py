@@ -34,7 +34,7 @@ from attention import (  # noqa: E402
     grid_parser,
     ratio_summary,
 )
-from gemm import bench, progress  # noqa: E402
+from gemm import bench, device_label, progress  # noqa: E402
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -126,7 +126,7 @@ def summarize(rows) -> dict:
 def plot(rows, path: Path, layer: bool = False):
     what, factor = ("forward + backward", 3.5) if layer else ("backward", 2.5)
     bar_plot(rows, path, ("tma", "cp_async", "fa4", "cudnn"),
-             f"TFLOP/s ({factor}x forward FLOPs)", f"attention {what}, bf16, H200")
+             f"TFLOP/s ({factor}x forward FLOPs)", f"attention {what}, bf16, {device_label()}")
 
 
 def main(argv=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import FINAL_ROUNDS, TOKENS, bar_plot, grid_parser, ratio_summary  # noqa: E402
-from gemm import bench, progress  # noqa: E402
+from gemm import bench, device_label, progress  # noqa: E402
 
 HEAD_DIMS = (128, 256)
 SEQLENS = (2048, 4096, 8192, 16384)
@@ -95,7 +95,7 @@ def summarize(rows) -> dict:
 
 def plot(rows, path: Path):
     bar_plot(rows, path, ("tma", "cp_async", "bf16"), "TFLOP/s (4 b h s^2 d, causal halved)",
-         "attention forward, e4m3 (tma, cp_async) vs our bf16, H200")
+         f"attention forward, e4m3 (tma, cp_async) vs our bf16, {device_label()}")
 
 
 def main(argv=None):

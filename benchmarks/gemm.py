@@ -224,6 +224,16 @@ def bench(fn, window_ms: float = 25) -> float:
     return do_bench(as_graph(fn), warmup=5, rep=window_ms, return_mode="median")
 
 
+def device_label() -> str:
+    """The GPU the figures come from, for a plot's title ("H100 80GB HBM3", "H200"): a
+    plot names the card it measured, not the one the grid was planned for."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU"
+    return torch.cuda.get_device_name().removeprefix("NVIDIA ")
+
+
 def as_graph(fn):
     """``fn`` captured once in a CUDA graph (after a warm-up on a side stream, as torch asks);
     returns the graph's replay, which costs the host a few microseconds whatever ``fn``
@@ -477,7 +487,7 @@ def plot(rows: list[dict], path: Path):
     ax2.set_xlabel("M")
     ax2.set_ylabel("TMA / cp.async")
     ax2.set_title("same kernel, producer swapped", fontsize=10)
-    fig.suptitle("Hopper GEMM on the H200, fp16 + bf16", fontsize=11)
+    fig.suptitle(f"Hopper GEMM on the {device_label()}, fp16 + bf16", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

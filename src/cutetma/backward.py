@@ -41,8 +41,7 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     """(dq, dk, dv) of ``cutetma.attention(q, k, v, causal=..., softmax_scale=...)`` at
     ``dout``, from its ``out`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32; ``dlse``: the
     gradient of the LSE where the caller used it (None: not used). ``load``: the producer
-    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128}, and 256 with
-    an explicit ``config`` (built, not yet checked on a GPU). ``config``: a
+    ("tma" or "cp_async"). Shapes and dtypes as the forward's; d in {64, 128, 256}. ``config``: a
     ``BackwardConfig`` to run (its head dim and causal flag must match; it overrides
     ``load``; its deterministic flag follows torch's deterministic mode)."""
     _check(dout, q, k, v, out, lse, dlse, load, config)

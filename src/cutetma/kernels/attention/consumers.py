@@ -323,19 +323,17 @@ class Consumers:
     def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, q_stage, stage):
         """S = Q K^T into acc_s, one commit group (not waited for)."""
         warpgroup.fence()  # the softmax read acc_s: order it before WGMMA writes it
-        # each operand's stage sliced once: its k-steps are then constant offsets of one
-        # descriptor (a 64-bit add each), not descriptors rebuilt from the runtime stage
-        rQ, rK = tSrQ[(None, None, None, q_stage)], tSrK[(None, None, None, stage)]
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(qk_mma, acc_s, rQ[(None, None, kb)], rK[(None, None, kb)], acc_s)
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, q_stage)], tSrK[(None, None, kb, stage)],
+                      acc_s)
         warpgroup.commit_group()
 
     @cute.jit
     def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
         """O += P V, one commit group (not waited for)."""
         warpgroup.fence()  # P and the rescaled O come from ordinary register writes
-        rV = tOrV[(None, None, None, stage)]
         for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], rV[(None, None, kb)], acc_o)
+            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)],
+                      acc_o)
         warpgroup.commit_group()
