@@ -4,7 +4,7 @@ Run: ``python tutorials/13_backward.py``. On any machine it checks the layout tr
 kernel rests on (a K-major stage and its transposed view are the same bytes, and the view is
 a legal MN-major WGMMA operand), derives the backward's formulas against torch's autograd,
 compiles the kernel for sm_90a to count its GEMMs and reductions in the PTX, and prints what
-the H200 measured. On a Hopper GPU it also runs ``cutetma.attention_backward`` against the
+the GPU run measured. On a Hopper GPU it also runs ``cutetma.attention_backward`` against the
 fp32 reference. From torch::
 
     out = cutetma.attention(q, k, v, causal=True)      # inputs with requires_grad: autograd
@@ -113,19 +113,20 @@ def compiled() -> dict:
 
 
 def measured() -> str:
-    heading("4. Measured on the H200 (benchmarks/results/attention_bwd.json)")
+    heading("4. Measured (benchmarks/results/attention_bwd.json)")
     path = ROOT / "benchmarks" / "results" / "attention_bwd.json"
     if not path.exists():
-        print("not measured yet: run benchmarks/attention.py --backward on an H200")
+        print("not measured yet: run benchmarks/attention.py --backward on a Hopper GPU")
         return ""
-    rows = json.loads(path.read_text())["rows"]
-    for r in rows:
+    doc = json.loads(path.read_text())
+    card = doc["meta"].get("device", "a Hopper GPU").removeprefix("NVIDIA ")
+    print(f"on the {card}, FA4 and cuDNN in the same run:")
+    for r in doc["rows"]:
         cells = "  ".join(f"{key} {r[key]:.0f}" for key in ("tma", "cp_async", "fa4", "cudnn")
                           if r.get(key))
         print(f"d={r['d']} s={r['s']}{' causal' if r['causal'] else ''}: {cells} TFLOP/s")
-    summary = json.loads(path.read_text())["meta"].get("summary", {})
-    fa4 = summary.get("geomean_tma_over_fa4")
-    return f"On the H200 it ran {fa4:.2f}x FlashAttention-4's backward (geomean)." if fa4 else ""
+    fa4 = doc["meta"].get("summary", {}).get("geomean_tma_over_fa4")
+    return f"On the {card} it ran {fa4:.2f}x FlashAttention-4's backward (geomean)." if fa4 else ""
 
 
 def on_gpu() -> str:
