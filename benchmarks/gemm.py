@@ -221,7 +221,34 @@ def bench(fn, window_ms: float = 25) -> float:
     from triton.testing import do_bench
 
     fn()  # compile / warm up outside the capture
-    return do_bench(as_graph(fn), warmup=5, rep=window_ms, return_mode="median")
+    return do_bench(captured(fn), warmup=5, rep=window_ms, return_mode="median")
+
+
+def captured(fn, tries: int = 2):
+    """``as_graph(fn)``, tried again once a capture fails. Seen on H100 and H200: a process's
+    first capture of a backward (cuDNN's through autograd, or ours) invalidated
+    (cudaErrorStreamCaptureInvalidated) where later captures of the same calls succeeded,
+    and after it torch's RNG still counted itself inside a capture (the next ``randn``:
+    "Offset increment outside graph capture"). So every failure is followed by a trivial
+    capture, which ends that state; the last failure is raised."""
+    for attempt in range(tries):
+        try:
+            return as_graph(fn)
+        except Exception:
+            end_failed_capture()
+            if attempt == tries - 1:
+                raise
+    raise ValueError(f"tries={tries}: at least 1")
+
+
+def end_failed_capture():
+    """A trivial capture, begun and ended: what a failed capture left half open in torch
+    (its RNG's capture state) is closed."""
+    import torch
+
+    scratch = torch.zeros(1, device="cuda")
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        scratch.add_(1)
 
 
 def device_label() -> str:

@@ -391,3 +391,27 @@ def test_peer_columns_summarize_and_peer_cells_join_the_grid():
     s = attention.summarize(rows)
     assert s["min_tma_over_fa4"] == 300 / 345 and 0.9 < s["geomean_tma_over_fa4"] < 1.0
     assert all(len(cell) == 6 for cell in attention.PEER_CELLS)
+
+
+def test_a_failed_capture_is_closed_and_tried_again(monkeypatch):
+    """``captured``: a capture that fails is followed by a trivial one (closing what the
+    failure left open) and tried once more; a second failure is raised, closed as well."""
+    import gemm
+
+    calls, closed = [], []
+    outcomes = iter([RuntimeError("capture invalidated"), "replay"])
+
+    def as_graph(fn):
+        calls.append(fn)
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(gemm, "as_graph", as_graph)
+    monkeypatch.setattr(gemm, "end_failed_capture", lambda: closed.append(1))
+    assert gemm.captured(len) == "replay" and calls == [len, len] and closed == [1]
+    outcomes = iter([RuntimeError("a"), RuntimeError("b")])
+    with pytest.raises(RuntimeError, match="b"):
+        gemm.captured(len)
+    assert closed == [1, 1, 1]
