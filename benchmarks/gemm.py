@@ -234,8 +234,11 @@ def captured(fn, tries: int = 2):
     for attempt in range(tries):
         try:
             return as_graph(fn)
-        except Exception:
-            end_failed_capture()
+        except Exception as failure:
+            try:
+                end_failed_capture()
+            except Exception:  # the GPU itself is in error: the capture's failure says why
+                raise failure from None
             if attempt == tries - 1:
                 raise
     raise ValueError(f"tries={tries}: at least 1")

@@ -305,7 +305,7 @@ def test_deterministic_mode_takes_turns():
     assert build.nested_elects(ordered) == 0
 
 
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_turn_wait_compares_by_order(d):
     """The turn count only grows, and the two halves of key block n both wait for 2 n: the
     first to finish makes it 2 n + 1 while the other may not have polled yet. The wait

@@ -415,3 +415,20 @@ def test_a_failed_capture_is_closed_and_tried_again(monkeypatch):
     with pytest.raises(RuntimeError, match="b"):
         gemm.captured(len)
     assert closed == [1, 1, 1]
+
+
+def test_a_capture_failure_is_not_masked_by_the_closing_capture(monkeypatch):
+    """Where the closing capture fails too (a GPU in error), the capture's own error is the
+    one raised, at once."""
+    import gemm
+
+    def as_graph(fn):
+        raise RuntimeError("illegal address")
+
+    def end_failed_capture():
+        raise RuntimeError("closing capture failed")
+
+    monkeypatch.setattr(gemm, "as_graph", as_graph)
+    monkeypatch.setattr(gemm, "end_failed_capture", end_failed_capture)
+    with pytest.raises(RuntimeError, match="illegal address"):
+        gemm.captured(len)

@@ -434,7 +434,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     op ``torch.ops.cutetma.attention`` (no ``config`` there). Like ``gemm``, every call is a
     plan remembered per problem (shapes, strides, dtype, device, options, alignment).
     Differentiable: with inputs that require grad (grad mode on), the call is the custom op,
-    whose autograd formula runs ``cutetma.backward.attention_backward`` (d 64 or 128).
+    whose autograd formula runs ``cutetma.backward.attention_backward`` (d 64, 128 or 256).
     """
     grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))

@@ -180,8 +180,8 @@ class DqPostprocess:
                     words = cute.make_rmem_tensor((8,), mdQ.element_type)
                     for w in cutlass.range_constexpr(4):
                         k = slab * chunks_per_row + 4 * g + w
-                        for half in cutlass.range_constexpr(2):
-                            words[2 * w + half] = (held[2 * e1 + half, k] * scale).to(
+                        for pair in cutlass.range_constexpr(2):
+                            words[2 * w + pair] = (held[2 * e1 + pair, k] * scale).to(
                                 mdQ.element_type)
                     quad_transpose(cute.recast_tensor(words, cutlass.Int32), c)
                     if q < seqlen_q:
