@@ -224,14 +224,14 @@ def bench(fn, window_ms: float = 25) -> float:
     return do_bench(captured(fn), warmup=5, rep=window_ms, return_mode="median")
 
 
-def captured(fn, tries: int = 2):
+def captured(fn):
     """``as_graph(fn)``, tried again once a capture fails. Seen on H100 and H200: a process's
     first capture of a backward (cuDNN's through autograd, or ours) invalidated
     (cudaErrorStreamCaptureInvalidated) where later captures of the same calls succeeded,
     and after it torch's RNG still counted itself inside a capture (the next ``randn``:
     "Offset increment outside graph capture"). So every failure is followed by a trivial
-    capture, which ends that state; the last failure is raised."""
-    for attempt in range(tries):
+    capture, which ends that state; the second failure is raised."""
+    for last in (False, True):
         try:
             return as_graph(fn)
         except Exception as failure:
@@ -239,9 +239,8 @@ def captured(fn, tries: int = 2):
                 end_failed_capture()
             except Exception:  # the GPU itself is in error: the capture's failure says why
                 raise failure from None
-            if attempt == tries - 1:
+            if last:
                 raise
-    raise ValueError(f"tries={tries}: at least 1")
 
 
 def end_failed_capture():
