@@ -82,33 +82,6 @@ class Fp8Scales:
             acc[i] = acc[i] * self._value_scale(sa, sb, offsets, i, rows=rows)
 
     @cute.jit
-    def _stage_column_scales(self, sScales, mScaleB, n, buf, tid, threads, n_size):
-        """Row-wise, before a tile's last wait: its ``tile_n`` column scales into column
-        ``buf`` of ``sScales`` (tile_n, 2), a coalesced load and store per thread (columns
-        past N take 0). Two buffers by tile parity: a thread writes tile t + 2's only after
-        the barrier of tile t + 1, which every thread passes only after reading tile t's."""
-        tile_n = self.cfg.tile_n
-        for c in cutlass.range_constexpr((tile_n + threads - 1) // threads):
-            col = c * threads + tid
-            if col < tile_n:
-                value = cutlass.Float32(0.0)
-                if n * tile_n + col < n_size:
-                    value = mScaleB[n * tile_n + col]
-                sScales[col, buf] = value
-
-    @cute.jit
-    def _scale_with_staged_columns(self, acc, sa, sScales, buf, tCcC, offsets):
-        """Row-wise dequantisation with the column scales from shared memory
-        (``_stage_column_scales``), one column at a time: a 128 x 256 tile's 64 column scales
-        a thread held in registers beside its 128 accumulator values spilled."""
-        col0 = tCcC[0][1]
-        for j in cutlass.range_constexpr(len(offsets.cols)):
-            b = sScales[col0 + offsets.cols[j], buf]
-            for i in cutlass.range_constexpr(len(offsets.values_of[j])):
-                v = offsets.values_of[j][i]
-                acc[v] = acc[v] * (sa[offsets.row_of[v]] * b)
-
-    @cute.jit
     def _promote(self, acc, part, sa, sb, offsets):
         """acc += a k-tile's product ``part`` times its scales, in fp32. Blockwise
         (DeepSeek-V3's): scale_a of the row's 128 of K times scale_b of the tile's 128 x 128

@@ -226,8 +226,6 @@ class HopperGemm(PartialSums, Fp8Scales):
             sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], 1024]
-            # row-wise FP8: two tiles' column scales (a word where unused)
-            scales: cute.struct.MemRange[cutlass.Float32, max(cfg.scale_bytes() // 4, 1)]
 
         self.storage = Storage
         self.stages = stages
@@ -357,9 +355,7 @@ class HopperGemm(PartialSums, Fp8Scales):
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                          mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
-                         mOrder, first_entry, mScaleA, mScaleB,
-                         storage.scales.get_tensor(cute.make_layout((cfg.tile_n, 2)))
-                         if cutlass.const_expr(cfg.stages_column_scales) else None)
+                         mOrder, first_entry, mScaleA, mScaleB)
 
     @cute.jit
     def _table_entry(self, j, mOrder):
@@ -490,8 +486,7 @@ class HopperGemm(PartialSums, Fp8Scales):
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None,
-                sScales=None):
+                mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -681,14 +676,9 @@ class HopperGemm(PartialSums, Fp8Scales):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
                 if cutlass.const_expr(end_scale is not None):
                     # the scales this thread's values take, loaded under the last WGMMAs
-                    # (row-wise: the rows' here, the tile's columns into shared memory)
                     self._load_scales(scales0[0], scales0[1], tCcC, offsets, mScaleA,
                                       mScaleB, m, n, 0, mC_tma.shape,
-                                      rows=end_scale == "values",
-                                      cols=not cfg.stages_column_scales)
-                if cutlass.const_expr(cfg.stages_column_scales):
-                    self._stage_column_scales(sScales, mScaleB, n, local % 2, mma_tid,
-                                              epi_threads, mC_tma.shape[1])
+                                      rows=end_scale == "values")
                 cute.nvgpu.warpgroup.wait_group(0)
                 if cutlass.const_expr(promotes):
                     pass  # every stage was released as its k-tile was promoted
@@ -699,11 +689,7 @@ class HopperGemm(PartialSums, Fp8Scales):
                 else:
                     loader.consumer_release(pipe, release)
                     release.advance()
-                if cutlass.const_expr(cfg.stages_column_scales):
-                    epi_sync.arrive_and_wait()  # every column scale of the tile is staged
-                    self._scale_with_staged_columns(acc, scales0[0], sScales, local % 2,
-                                                    tCcC, offsets)
-                elif cutlass.const_expr(end_scale is not None):
+                if cutlass.const_expr(end_scale is not None):
                     self._scale(acc, scales0[0], scales0[1], offsets,
                                 rows=end_scale == "values")
 
