@@ -197,26 +197,19 @@ class Producers:
             assert along == cfg.head_dim // vec and 32 % along == 0  # whole lines in a warp
             assert cpa.passes(v_part) == count
             lookups = (count + along - 1) // along
-            pages = cute.make_rmem_tensor((lookups,), cutlass.Int32)  # the block being copied
-            ahead = cute.make_rmem_tensor((lookups,), cutlass.Int32)  # the next block's
+            pages = cute.make_rmem_tensor((lookups,), cutlass.Int32)
             lane = cute.arch.lane_idx()
 
-            def prefetch(j):
-                """Block j's page ids into ``ahead``, a page-table load per lane per
-                ``along`` passes, issued a block before its copies need them (a producer
-                that waited for each block's lookup took a global round trip per block)."""
+            def refill(j):
+                """Block j's page ids, a page-table load per lane per ``along`` passes,
+                issued before the producer waits for a free stage."""
                 for u in cutlass.range_constexpr(lookups):
                     p = cpa.lookup_pass(u, lane, along)
                     key = j * cfg.block_n + cpa.pass_coord(k_part, p)[0]
                     page = cutlass.Int32(0)  # past the keys: never read
                     if p < count and key < kv_len:
                         page = mPageTable[batch, key // size]
-                    ahead[u] = page
-
-            def take():
-                """The prefetched block's page ids become the copies' (``pages``)."""
-                for u in cutlass.range_constexpr(lookups):
-                    pages[u] = ahead[u]
+                    pages[u] = page
 
             def page_of_pass(p):
                 held = pages[0]
@@ -241,7 +234,7 @@ class Producers:
                 cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
                                   value_vector, zero_past=True, per_pass=page_of_pass)
 
-            return load_q, load_k, load_v, (prefetch, take)
+            return load_q, load_k, load_v, refill
 
         self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
 
@@ -299,25 +292,19 @@ class Producers:
         ring position of block ``start`` (the same in both rings); the caller rebuilds its own
         from counts (``_ring``). Paged TMA (``refill``): the warp keeps the pages of 32 boxes
         in its lanes, refilled when a block's boxes run past them, so a box costs a shuffle,
-        not a dependent page-table load; paged cp.async (``refill`` = (prefetch, take)): each
-        block's pages, a load per lane, looked up a block ahead (block j + 1's while block j's
-        copies are issued; past the walk's last block the lookup stays within the sequence's
-        keys or reads nothing) and shuffled to the copies."""
+        not a dependent page-table load; paged cp.async: each block's pages, a load per lane,
+        looked up before the wait for its stage and shuffled to the copies."""
         boxes = self.cfg.block_n // self.cfg.kv_box  # boxes per block
         pages = cutlass.Int32(-1)
         first_box = cutlass.Int32(-64)  # no box is cached yet
         boxed = refill is not None and self.cfg.load == "tma"
-        gathered = refill is not None and self.cfg.load != "tma"
-        if cutlass.const_expr(gathered):
-            refill[0](start)  # cp.async: the first block's pages
         for j in cutlass.range(start, stop, unroll=1):
             if cutlass.const_expr(boxed):
                 if j * boxes + boxes > first_box + 32:
                     first_box = j * boxes
                     pages = refill(first_box)
-            elif cutlass.const_expr(gathered):
-                refill[1]()  # block j's pages (looked up a block ago) for its copies
-                refill[0](j + 1)
+            elif cutlass.const_expr(refill is not None):
+                refill(j)  # cp.async: block j's pages into the producer's registers
             pipe_k.producer_acquire(state)
             if cutlass.const_expr(boxed):
                 load_k(j, state, pages, first_box)
