@@ -178,8 +178,8 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
 def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat16
                ) -> GemmConfig:
     """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
-    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise,
-    blockwise and promoted tiles at most ``ROW_SCALING_MAX_TILE_N`` wide (blockwise: cooperative, no
+    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise and
+    blockwise scaling at most ``ROW_SCALING_MAX_TILE_N`` wide (blockwise: cooperative, no
     stream-K, split-K's slices summed in order). An fp32 ``out_dtype`` promotes each k-tile
     into the accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower,
     which a 16-bit C's rounding hides but an fp32 C shows)."""
@@ -191,9 +191,7 @@ def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat
         tile_n = (128 if cfg.tile_n > 64 else 64) if mode == "block" else cfg.tile_n
         cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=tile_n, load=cfg.load, split_k=cfg.split_k,
                          split_sum=cfg.split_sum, store_under_mma=cfg.store_under_mma)
-    if (mode in ("row", "block") or promote) and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
-        # a promoted tile holds its accumulator and two k-tile fragments: 192 registers a
-        # thread at 128 wide, past setmaxnreg's 232 at 256 (it spilled 2.7 KB)
+    if mode in ("row", "block") and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
         try:
             cfg = dataclasses.replace(cfg, tile_n=ROW_SCALING_MAX_TILE_N, epi_n=None)
         except ValueError:  # a cluster or schedule that needs the wider tile

@@ -71,7 +71,6 @@ from cutetma.kernels import accumulator
 from cutetma.kernels.barriers import GemmBarrier
 from cutetma.kernels.gemm_config import GemmConfig, mma_n
 from cutetma.kernels.gemm_partials import PartialSums
-from cutetma.kernels.gemm_scales import Fp8Scales
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
@@ -169,7 +168,7 @@ def stream_k_unit(j, cta, ctas, tiles, k_tiles):
     return tile, k0, kn, valid, writer, first_peer, peers
 
 
-class HopperGemm(PartialSums, Fp8Scales):
+class HopperGemm(PartialSums):
     def __init__(self, config: GemmConfig):
         self.cfg = config
         self.loader = loaders.make_loader(config.load)
@@ -538,18 +537,10 @@ class HopperGemm(PartialSums, Fp8Scales):
             cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
         # FP8: where each k-tile's product is summed into ``acc`` in full fp32 (``part``)
         promotes = cfg.scaling == "block" or cfg.promote
-        part0 = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
-        part1 = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
+        part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
         # FP8's scales: once per distinct row / column of this thread's values
         offsets = (accumulator.value_offsets(tiled_mma, (cfg.tile_m, cfg.tile_n))
                    if cfg.scaling else None)
-        # the tile's scales; blockwise, one set per fragment (a k-tile's)
-        scales0 = self._scale_fragments(offsets) if cfg.scaling else None
-        scales1 = self._scale_fragments(offsets) if cfg.scaling == "block" else scales0
-        # what meets the finished accumulator: every value's scale (tensor, row), nothing
-        # (blockwise, a promoted tensor), or the column scales (a promoted row-wise one)
-        end_scale = ("values" if cfg.scaling in ("tensor", "row") else None) if not promotes \
-            else ("columns" if cfg.scaling == "row" else None)
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -592,93 +583,58 @@ class HopperGemm(PartialSums, Fp8Scales):
                     if local > 0:
                         my_turn.arrive_and_wait()  # the other warpgroup's mainloop is issued
                 acc.fill(0.0)
-                if cutlass.const_expr(promotes):
-                    if kn > 0:  # an empty split-K slice has nothing to promote
-                        # k0 into part0; then pairs of k-tiles alternate the fragments, each
-                        # promoting the one before under its own WGMMAs (gemm_scales.py)
-                        # each k-tile's first k-step overwrites its fragment; the field is
-                        # set here, in the loop bodies, so the DSL carries ``tiled_mma``
-                        # through them (helpers' changes to it are not seen)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        loader.consumer_wait(pipe, read)
-                        self._issue_part(tiled_mma, part0, tCrA, tCrB, read.index)
-                        # k0's scales (blockwise), or the tile's (applied as it is promoted)
-                        if cutlass.const_expr(cfg.scaling in ("tensor", "row", "block")):
-                            self._load_scales(scales0[0], scales0[1], tCcC, offsets, mScaleA,
-                                              mScaleB, m, n, k0, mC_tma.shape,
-                                              cols=cfg.scaling != "row")
-                        read.advance()
-                        scale_args = (tCcC, offsets, mScaleA, mScaleB, m, n, mC_tma.shape)
-                        for i in cutlass.range((kn - 1) // 2, unroll=1):
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                            self._promote_under(pipe, read, release, tiled_mma, tCrA, tCrB,
-                                                acc, part1, part0, scales1, scales0,
-                                                k0 + 1 + 2 * i, scale_args)
-                            read.advance()
-                            release.advance()
-                            if cutlass.const_expr(deferred):
-                                # two k-tiles queued: the previous tile goes out under them
-                                if i == 0:
-                                    if holding > 0:
-                                        stores = self._store_held(
-                                            held, held_m, held_n, stores, r2s, tRS_sC, tma_c,
-                                            sC, gC, epi_sync, warp, store_warp, epi_bufs)
-                                        holding = cutlass.Int32(0)
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                            self._promote_under(pipe, read, release, tiled_mma, tCrA, tCrB,
-                                                acc, part0, part1, scales0, scales1,
-                                                k0 + 2 + 2 * i, scale_args)
-                            read.advance()
-                            release.advance()
-                        if (kn - 1) % 2 == 1:  # an even count: one more k-tile, into part1
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                            self._promote_under(pipe, read, release, tiled_mma, tCrA, tCrB,
-                                                acc, part1, part0, scales1, scales0,
-                                                k0 + kn - 1, scale_args)
-                            read.advance()
-                            release.advance()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            loader.consumer_release(pipe, release)
-                            release.advance()
-                            self._promote(acc, part1, scales1[0], scales1[1], offsets)
-                        else:
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            loader.consumer_release(pipe, release)
-                            release.advance()
-                            self._promote(acc, part0, scales0[0], scales0[1], offsets)
-                else:
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.fence()
-                    for k in cutlass.range(k0, k0 + kn, unroll=1):
-                        loader.consumer_wait(pipe, read)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.fence()
+                for k in cutlass.range(k0, k0 + kn, unroll=1):
+                    loader.consumer_wait(pipe, read)
+                    if cutlass.const_expr(promotes):
+                        # this k-tile alone into ``part`` (its scales differ from the
+                        # last one's); the promotion below read ``part`` last
+                        cute.nvgpu.warpgroup.fence()
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], part)
+                    else:
                         for kb in cutlass.range_constexpr(k_blocks):
                             cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
                                       tCrB[(None, None, kb, read.index)], acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        if cutlass.const_expr(deferred):
-                            # two k-tiles of WGMMAs queued (~1.4 us at 128 x 256): the
-                            # previous tile goes out under them
-                            if k == k0 + 1:
-                                if holding > 0:
-                                    stores = self._store_held(held, held_m, held_n, stores,
-                                                              r2s, tRS_sC, tma_c, sC, gC,
-                                                              epi_sync, warp, store_warp,
-                                                              epi_bufs)
-                                    holding = cutlass.Int32(0)
+                    cute.nvgpu.warpgroup.commit_group()
+                    if cutlass.const_expr(deferred):
+                        # two k-tiles of WGMMAs queued (~1.4 us at 128 x 256): the previous
+                        # tile goes out under them
+                        if k == k0 + 1:
+                            if holding > 0:
+                                stores = self._store_held(held, held_m, held_n, stores, r2s,
+                                                          tRS_sC, tma_c, sC, gC, epi_sync,
+                                                          warp, store_warp, epi_bufs)
+                                holding = cutlass.Int32(0)
+                    if cutlass.const_expr(promotes):
+                        # the k-tile's product is promoted into the fp32 accumulator (with
+                        # its own scales: blockwise), so it must be complete (and its stage
+                        # is free at once); the scales load under its WGMMAs
+                        sa, sb = None, None  # ``promote``: the scales come in the epilogue
+                        if cutlass.const_expr(cfg.scaling == "block"):
+                            sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n,
+                                                       k, mC_tma.shape)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        loader.consumer_release(pipe, release)
+                        release.advance()
+                        self._promote(acc, part, sa, sb, offsets)
+                    else:
                         # keep this k-tile's WGMMAs in flight; the previous stage is free
                         # once the group before them has retired
                         cute.nvgpu.warpgroup.wait_group(1)
                         if k > k0:
                             loader.consumer_release(pipe, release)
                             release.advance()
-                        read.advance()
+                    read.advance()
                 if cutlass.const_expr(cfg.pingpong):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
-                if cutlass.const_expr(end_scale is not None):
+                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
                     # the scales this thread's values take, loaded under the last WGMMAs
-                    self._load_scales(scales0[0], scales0[1], tCcC, offsets, mScaleA,
-                                      mScaleB, m, n, 0, mC_tma.shape,
-                                      rows=end_scale == "values")
+                    sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n, 0,
+                                               mC_tma.shape)
                 cute.nvgpu.warpgroup.wait_group(0)
                 if cutlass.const_expr(promotes):
                     pass  # every stage was released as its k-tile was promoted
@@ -689,9 +645,8 @@ class HopperGemm(PartialSums, Fp8Scales):
                 else:
                     loader.consumer_release(pipe, release)
                     release.advance()
-                if cutlass.const_expr(end_scale is not None):
-                    self._scale(acc, scales0[0], scales0[1], offsets,
-                                rows=end_scale == "values")
+                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
+                    self._scale(acc, sa, sb, offsets)
 
                 finish = True
                 if cutlass.const_expr(cfg.stream_k):
@@ -753,6 +708,63 @@ class HopperGemm(PartialSums, Fp8Scales):
                                           sC, gC, epi_sync, warp, store_warp, epi_bufs)
         if warp == store_warp:
             tma.wait(0)
+
+    @cute.jit
+    def _load_scales(self, tCcC, offsets, mScaleA, mScaleB, m, n, k, shape_mn):
+        """The scales of this thread's values in tile (m, n) (blockwise: of k-tile ``k``):
+        (scale_a of each distinct row, scale_b of each distinct column), one of each for
+        "tensor", one scale_b (the tile's 128-column block) for "block". Rows and columns
+        past M or N take 0 (their values are never stored)."""
+        cfg = self.cfg
+        row0, col0 = tCcC[0]
+        row0 = m * cfg.tile_m + row0
+        col0 = n * cfg.tile_n + col0
+        rows = offsets.rows if cutlass.const_expr(cfg.scaling != "tensor") else [0]
+        cols = offsets.cols if cutlass.const_expr(cfg.scaling == "row") else [0]
+        sa = cute.make_rmem_tensor((len(rows),), cutlass.Float32)
+        sb = cute.make_rmem_tensor((len(cols),), cutlass.Float32)
+        if cutlass.const_expr(cfg.scaling == "tensor"):
+            sa[0] = mScaleA[0]
+            sb[0] = mScaleB[0]
+        else:
+            for j in cutlass.range_constexpr(len(rows)):
+                sa[j] = cutlass.Float32(0.0)
+                if row0 + rows[j] < shape_mn[0]:
+                    if cutlass.const_expr(cfg.scaling == "block"):
+                        sa[j] = mScaleA[row0 + rows[j], k]
+                    else:
+                        sa[j] = mScaleA[row0 + rows[j]]
+            if cutlass.const_expr(cfg.scaling == "block"):
+                # the tile lies in one 128-column block of B (tile_n divides 128)
+                sb[0] = mScaleB[n * cfg.tile_n // 128, k]
+            else:
+                for j in cutlass.range_constexpr(len(cols)):
+                    sb[j] = cutlass.Float32(0.0)
+                    if col0 + cols[j] < shape_mn[1]:
+                        sb[j] = mScaleB[col0 + cols[j]]
+        return sa, sb
+
+    @cute.jit
+    def _scale(self, acc, sa, sb, offsets):
+        """FP8's dequantisation of the fp32 accumulator: value i times its row's scale_a and
+        its column's scale_b (``_load_scales``: one each for "tensor")."""
+        cfg = self.cfg
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            a = sa[offsets.row_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sa[0]
+            b = sb[offsets.col_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sb[0]
+            acc[i] = acc[i] * (a * b)
+
+    @cute.jit
+    def _promote(self, acc, part, sa, sb, offsets):
+        """acc += the k-tile's product ``part``, in fp32: times its scales (blockwise,
+        DeepSeek-V3's: scale_a of the row's 128 of K, scale_b of the tile's 128 x 128 block
+        of B), or as it is (``promote``: tensor and row scales come in the epilogue)."""
+        cfg = self.cfg
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            if cutlass.const_expr(cfg.scaling == "block"):
+                acc[i] = acc[i] + part[i] * (sa[offsets.row_of[i]] * sb[0])
+            else:
+                acc[i] = acc[i] + part[i]
 
     @cute.jit
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,
