@@ -49,7 +49,8 @@ the hand-over differ::
                  mFlags: split-K a ticket counter per tile, stream-K a ready flag per CTA
                  (zero before a launch, zero after it: whoever reads one resets it)
 
-The fp32 partials' hand-over lives in ``gemm_partials.py`` (``PartialSums``, a mixin).
+The fp32 partials' hand-over lives in ``gemm_partials.py`` (``PartialSums``, a mixin), FP8's
+scales in ``gemm_scales.py`` (``Fp8Scales``, a mixin).
 
 Constraints: fp16 / bf16 inputs (K-tile 64) or e4m3 (K-tile 128, both K-major, scaled by
 ``GemmConfig.scaling`` on the accumulator), fp32 accumulation, fp16 / bf16 / fp32 output; A
@@ -71,6 +72,7 @@ from cutetma.kernels import accumulator
 from cutetma.kernels.barriers import GemmBarrier
 from cutetma.kernels.gemm_config import GemmConfig, mma_n
 from cutetma.kernels.gemm_partials import PartialSums
+from cutetma.kernels.gemm_scales import Fp8Scales
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils as utils  # noqa: E402
@@ -168,7 +170,7 @@ def stream_k_unit(j, cta, ctas, tiles, k_tiles):
     return tile, k0, kn, valid, writer, first_peer, peers
 
 
-class HopperGemm(PartialSums):
+class HopperGemm(PartialSums, Fp8Scales):
     def __init__(self, config: GemmConfig):
         self.cfg = config
         self.loader = loaders.make_loader(config.load)
@@ -708,63 +710,6 @@ class HopperGemm(PartialSums):
                                           sC, gC, epi_sync, warp, store_warp, epi_bufs)
         if warp == store_warp:
             tma.wait(0)
-
-    @cute.jit
-    def _load_scales(self, tCcC, offsets, mScaleA, mScaleB, m, n, k, shape_mn):
-        """The scales of this thread's values in tile (m, n) (blockwise: of k-tile ``k``):
-        (scale_a of each distinct row, scale_b of each distinct column), one of each for
-        "tensor", one scale_b (the tile's 128-column block) for "block". Rows and columns
-        past M or N take 0 (their values are never stored)."""
-        cfg = self.cfg
-        row0, col0 = tCcC[0]
-        row0 = m * cfg.tile_m + row0
-        col0 = n * cfg.tile_n + col0
-        rows = offsets.rows if cutlass.const_expr(cfg.scaling != "tensor") else [0]
-        cols = offsets.cols if cutlass.const_expr(cfg.scaling == "row") else [0]
-        sa = cute.make_rmem_tensor((len(rows),), cutlass.Float32)
-        sb = cute.make_rmem_tensor((len(cols),), cutlass.Float32)
-        if cutlass.const_expr(cfg.scaling == "tensor"):
-            sa[0] = mScaleA[0]
-            sb[0] = mScaleB[0]
-        else:
-            for j in cutlass.range_constexpr(len(rows)):
-                sa[j] = cutlass.Float32(0.0)
-                if row0 + rows[j] < shape_mn[0]:
-                    if cutlass.const_expr(cfg.scaling == "block"):
-                        sa[j] = mScaleA[row0 + rows[j], k]
-                    else:
-                        sa[j] = mScaleA[row0 + rows[j]]
-            if cutlass.const_expr(cfg.scaling == "block"):
-                # the tile lies in one 128-column block of B (tile_n divides 128)
-                sb[0] = mScaleB[n * cfg.tile_n // 128, k]
-            else:
-                for j in cutlass.range_constexpr(len(cols)):
-                    sb[j] = cutlass.Float32(0.0)
-                    if col0 + cols[j] < shape_mn[1]:
-                        sb[j] = mScaleB[col0 + cols[j]]
-        return sa, sb
-
-    @cute.jit
-    def _scale(self, acc, sa, sb, offsets):
-        """FP8's dequantisation of the fp32 accumulator: value i times its row's scale_a and
-        its column's scale_b (``_load_scales``: one each for "tensor")."""
-        cfg = self.cfg
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            a = sa[offsets.row_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sa[0]
-            b = sb[offsets.col_of[i]] if cutlass.const_expr(cfg.scaling == "row") else sb[0]
-            acc[i] = acc[i] * (a * b)
-
-    @cute.jit
-    def _promote(self, acc, part, sa, sb, offsets):
-        """acc += the k-tile's product ``part``, in fp32: times its scales (blockwise,
-        DeepSeek-V3's: scale_a of the row's 128 of K, scale_b of the tile's 128 x 128 block
-        of B), or as it is (``promote``: tensor and row scales come in the epilogue)."""
-        cfg = self.cfg
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            if cutlass.const_expr(cfg.scaling == "block"):
-                acc[i] = acc[i] + part[i] * (sa[offsets.row_of[i]] * sb[0])
-            else:
-                acc[i] = acc[i] + part[i]
 
     @cute.jit
     def _store_held(self, held, m, n, stores, r2s, tRS_sC, tma_c, sC, gC, epi_sync, warp,
