@@ -36,6 +36,23 @@ def test_fp8_gemm_issues_e4m3_wgmma_from_128_element_k_tiles(scaling, load, tile
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
+@pytest.mark.parametrize("scaling,out_dtype", [("block", "BFloat16"), ("tensor", "Float32"),
+                                               ("row", "Float32")])
+def test_promotion_takes_each_complete_k_tile(scaling, out_dtype):
+    """Each k-tile goes into a fragment of its own, which is promoted once complete: the
+    promoted mainloop waits for each k-tile (wait_group 0, never 1), and ptxas neither
+    serializes the WGMMAs nor spills the two 64-value fragments."""
+    cfg = GemmConfig(tile_n=128, tile_k=128, scaling=scaling,
+                     promote=scaling != "block")
+    ptx = build.compile_scaled_gemm(cfg, out_dtype).ptx
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    assert "0" in waits and "1" not in waits, waits
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert not re.search(r"C751[24]", log), log
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+
+
 def test_fp8_stages_count_one_byte_operands():
     """The same 128-byte k-tile rows as 16-bit data, so an FP8 stage of 128 x 256 is as big
     as a bf16 one (96 KiB... 48 KiB) and the pipeline as deep."""
@@ -60,7 +77,8 @@ def test_fp8_config_rules():
     wide = GemmConfig(tile_n=256)
     assert fp8_config(wide, "tensor").tile_n == 256
     row = fp8_config(wide, "row")
-    assert (row.tile_n, row.tile_k, row.scaling, row.order_table) == (128, 128, "row", False)
+    # row-wise keeps the model's width (its column scales go through shared memory)
+    assert (row.tile_n, row.tile_k, row.scaling, row.order_table) == (256, 128, "row", False)
     for tile_n, schedule, want in ((256, "cooperative", 128), (96, "cooperative", 128),
                                    (64, "cooperative", 64), (128, "pingpong", 128)):
         block = fp8_config(GemmConfig(tile_n=tile_n, schedule=schedule), "block")
@@ -73,21 +91,34 @@ def test_fp8_config_rules():
 
     fp32 = fp8_config(GemmConfig(tile_n=128, schedule="pingpong"), "tensor", torch.float32)
     assert (fp32.promote, fp32.schedule) == (True, "cooperative")
+    # a promoted tile is at most 128 wide (its accumulator and k-tile fragment)
+    assert fp8_config(wide, "tensor", torch.float32).tile_n == 128
     assert not fp8_config(wide, "tensor", torch.bfloat16).promote
     assert not fp8_config(wide, "block", torch.float32).promote
     with pytest.raises(ValueError, match="needs scaling"):
         GemmConfig(promote=True)
 
 
-def test_fp8_scales_are_loaded_once_per_row_and_column():
-    """Row-wise scales: a thread of a 128 x 128 tile holds 2 rows and 32 columns of it, so
-    the kernel loads 34 scales (64 values would take 128 loads); blockwise: 2 rows' scale_a
-    and the tile's one scale_b per k-tile."""
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_fp8_scales_are_loaded_once_per_row_and_column(tile_n):
+    """Row-wise scales: a thread of a 128 x N tile holds 2 rows and N / 4 columns of it; it
+    loads its 2 rows' scale_a and one of the tile's N column scales (into shared memory,
+    two tiles' worth), and reads each of its columns' scales from there once, so at
+    128 x 256 neither its 64 column scales nor 128 values' loads sit in registers (ptxas
+    spilled 180 bytes when they did). Blockwise: 2 rows' scale_a and the tile's one
+    scale_b per k-tile."""
     import re
 
-    row = build.compile_scaled_gemm(GemmConfig(tile_n=128, tile_k=128, scaling="row")).ptx
+    cfg = GemmConfig(tile_n=tile_n, tile_k=128, scaling="row")
+    assert cfg.scale_bytes() == 2 * tile_n * 4
+    row = build.compile_scaled_gemm(cfg).ptx
+    assert len(re.findall(r"ld\.global\S*\.[bf]32", row)) == 2 + 1
+    assert len(re.findall(r"st\.shared\S*\.[bf]32", row)) >= 1
+    shared_reads = re.findall(r"ld\.shared(\.v\d)?\.[bf]32", row)
+    assert sum(int(v[2:]) if v else 1 for v in shared_reads) == tile_n // 4
+    if shutil.which("ptxas"):
+        assert re.search(r"\b0 bytes spill stores", build.ptxas_log(row))
     block = build.compile_scaled_gemm(GemmConfig(tile_n=128, tile_k=128, scaling="block")).ptx
-    assert len(re.findall(r"ld\.global\S*\.[bf]32", row)) == 34
     assert len(re.findall(r"ld\.global\S*\.[bf]32", block)) == 3
 
 

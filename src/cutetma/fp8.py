@@ -15,9 +15,10 @@ The kernel is the GEMM family's (``HopperGemm``) with 8-bit operands (a k-tile i
 128-byte swizzle span: 128 elements, ``GemmConfig.tile_k``) and the scales applied to the
 fp32 accumulator before C's conversion (``GemmConfig.scaling``; blockwise: each k-tile's
 product promoted into the accumulator with its own scales). The tile comes from the 16-bit
-model (``tuning.select_gemm_config``); row-wise and blockwise scaling keep tiles at most 128
-wide (row-wise at 256: ptxas spills the epilogue's scale loads; blockwise: a tile within one
-128-column block of B's scales).
+model (``tuning.select_gemm_config``); promoted tiles (blockwise, an fp32 C) are at most 128
+wide (the accumulator and a k-tile's fragment in registers; blockwise also a tile within one
+128-column block of B's scales). Row-wise tiles take any width: the tile's column scales
+pass through shared memory, not registers.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from cutetma.ops import (
 from cutetma.tuning import gemm as tuning
 
 FP8 = torch.float8_e4m3fn
-ROW_SCALING_MAX_TILE_N = 128
+PROMOTED_MAX_TILE_N = 128
 
 
 def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
@@ -178,8 +179,8 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
 def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat16
                ) -> GemmConfig:
     """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
-    the raster band kept and no order table (FP8 tiles are not placed yet); row-wise and
-    blockwise scaling at most ``ROW_SCALING_MAX_TILE_N`` wide (blockwise: cooperative, no
+    the raster band kept and no order table (FP8 tiles are not placed yet); blockwise and
+    other promoted tiles at most ``PROMOTED_MAX_TILE_N`` wide (blockwise: cooperative, no
     stream-K, split-K's slices summed in order). An fp32 ``out_dtype`` promotes each k-tile
     into the accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower,
     which a 16-bit C's rounding hides but an fp32 C shows)."""
@@ -191,11 +192,14 @@ def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat
         tile_n = (128 if cfg.tile_n > 64 else 64) if mode == "block" else cfg.tile_n
         cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=tile_n, load=cfg.load, split_k=cfg.split_k,
                          split_sum=cfg.split_sum, store_under_mma=cfg.store_under_mma)
-    if mode in ("row", "block") and cfg.tile_n > ROW_SCALING_MAX_TILE_N:
+    if promote and cfg.tile_n > PROMOTED_MAX_TILE_N:
+        # a promoted tile holds its accumulator and a k-tile's fragment: 128 registers a
+        # thread at 128 wide, 256 at 256 wide, past setmaxnreg's 232 (it spilled 500 bytes;
+        # per tensor at 4096^3 128 x 128 ran 1016 TFLOP/s against 420, docs/design.md)
         try:
-            cfg = dataclasses.replace(cfg, tile_n=ROW_SCALING_MAX_TILE_N, epi_n=None)
+            cfg = dataclasses.replace(cfg, tile_n=PROMOTED_MAX_TILE_N, epi_n=None)
         except ValueError:  # a cluster or schedule that needs the wider tile
-            cfg = GemmConfig(tile_m=128, tile_n=ROW_SCALING_MAX_TILE_N, load=cfg.load)
+            cfg = GemmConfig(tile_m=128, tile_n=PROMOTED_MAX_TILE_N, load=cfg.load)
     if mode == "block" and cfg.split_k > 1:
         # blockwise slices summed by split-K came out wrong on the H200 (257 x 129 x 4096,
         # 8 slices: atomic sum wrong, ordered sum NaN); whole K until that is understood

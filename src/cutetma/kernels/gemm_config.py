@@ -231,8 +231,18 @@ class GemmConfig:
     def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
         return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))
 
+    @property
+    def stages_column_scales(self) -> bool:
+        """Row-wise FP8 scaling of a finished accumulator: the tile's column scales go
+        through shared memory (two tiles' worth), not registers (``gemm_scales.py``)."""
+        return self.scaling == "row" and not self.promote
+
+    def scale_bytes(self) -> int:
+        return 2 * self.tile_n * 4 if self.stages_column_scales else 0
+
     def _stages_fit(self, out_bytes: int, buffers: int) -> int:
-        return (smem_capacity() - 1024 - self.epi_bytes(out_bytes, buffers)) // self.stage_bytes()
+        return (smem_capacity() - 1024 - self.epi_bytes(out_bytes, buffers)
+                - self.scale_bytes()) // self.stage_bytes()
 
     def epi_buffers(self, out_bytes: int = 2) -> int:
         """Epilogue sub-tile buffers: ``epi_stages`` if given; else 4, or 2 where the

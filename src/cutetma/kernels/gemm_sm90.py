@@ -227,6 +227,8 @@ class HopperGemm(PartialSums, Fp8Scales):
             sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], 1024]
+            # row-wise FP8: two tiles' column scales (a word where unused)
+            scales: cute.struct.MemRange[cutlass.Float32, max(cfg.scale_bytes() // 4, 1)]
 
         self.storage = Storage
         self.stages = stages
@@ -356,7 +358,9 @@ class HopperGemm(PartialSums, Fp8Scales):
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                          mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
-                         mOrder, first_entry, mScaleA, mScaleB)
+                         mOrder, first_entry, mScaleA, mScaleB,
+                         storage.scales.get_tensor(cute.make_layout((cfg.tile_n, 2)))
+                         if cutlass.const_expr(cfg.stages_column_scales) else None)
 
     @cute.jit
     def _table_entry(self, j, mOrder):
@@ -487,7 +491,8 @@ class HopperGemm(PartialSums, Fp8Scales):
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
-                mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None):
+                mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None,
+                sScales=None):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -543,6 +548,12 @@ class HopperGemm(PartialSums, Fp8Scales):
         # FP8's scales: once per distinct row / column of this thread's values
         offsets = (accumulator.value_offsets(tiled_mma, (cfg.tile_m, cfg.tile_n))
                    if cfg.scaling else None)
+        # the scales this thread's values take (blockwise: the current k-tile's)
+        scales = self._scale_fragments(offsets) if cfg.scaling else None
+        # what meets the finished accumulator: every value's scale (tensor, row), nothing
+        # (blockwise, a promoted tensor), or the column scales (a promoted row-wise one)
+        end_scale = ("values" if cfg.scaling in ("tensor", "row") else None) if not promotes \
+            else ("columns" if cfg.scaling == "row" else None)
 
         # epilogue: accumulator fragment -> stmatrix -> swizzled smem sub-tile -> TMA store
         c_major = self.c_major
@@ -585,58 +596,77 @@ class HopperGemm(PartialSums, Fp8Scales):
                     if local > 0:
                         my_turn.arrive_and_wait()  # the other warpgroup's mainloop is issued
                 acc.fill(0.0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                cute.nvgpu.warpgroup.fence()
-                for k in cutlass.range(k0, k0 + kn, unroll=1):
-                    loader.consumer_wait(pipe, read)
-                    if cutlass.const_expr(promotes):
-                        # this k-tile alone into ``part`` (its scales differ from the
-                        # last one's); the promotion below read ``part`` last
-                        cute.nvgpu.warpgroup.fence()
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
-                                      tCrB[(None, None, kb, read.index)], part)
-                    else:
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                                      tCrB[(None, None, kb, read.index)], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    if cutlass.const_expr(deferred):
-                        # two k-tiles of WGMMAs queued (~1.4 us at 128 x 256): the previous
-                        # tile goes out under them
-                        if k == k0 + 1:
-                            if holding > 0:
-                                stores = self._store_held(held, held_m, held_n, stores, r2s,
-                                                          tRS_sC, tma_c, sC, gC, epi_sync,
-                                                          warp, store_warp, epi_bufs)
-                                holding = cutlass.Int32(0)
-                    if cutlass.const_expr(promotes):
-                        # the k-tile's product is promoted into the fp32 accumulator (with
-                        # its own scales: blockwise), so it must be complete (and its stage
-                        # is free at once); the scales load under its WGMMAs
-                        sa, sb = None, None  # ``promote``: the scales come in the epilogue
+                if cutlass.const_expr(promotes):
+                    # the tile's scales (tensor, row: applied as each k-tile is promoted)
+                    if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
+                        self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
+                                          mScaleB, m, n, k0, mC_tma.shape,
+                                          cols=cfg.scaling != "row")
+                    for k in cutlass.range(k0, k0 + kn, unroll=1):
+                        loader.consumer_wait(pipe, read)
+                        # this k-tile alone into ``part`` (its first k-step overwrites it;
+                        # the field is set in the loop body, so the DSL carries
+                        # ``tiled_mma`` through the loop)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                        self._issue_part(tiled_mma, part, tCrA, tCrB, read.index)
+                        if cutlass.const_expr(deferred):
+                            # two k-tiles of WGMMAs queued: the previous tile goes out
+                            if k == k0 + 1:
+                                if holding > 0:
+                                    stores = self._store_held(held, held_m, held_n, stores,
+                                                              r2s, tRS_sC, tma_c, sC, gC,
+                                                              epi_sync, warp, store_warp,
+                                                              epi_bufs)
+                                    holding = cutlass.Int32(0)
+                        # blockwise: this k-tile's scales, loaded under its WGMMAs
                         if cutlass.const_expr(cfg.scaling == "block"):
-                            sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n,
-                                                       k, mC_tma.shape)
+                            self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
+                                              mScaleB, m, n, k, mC_tma.shape)
+                        # the product is promoted into the fp32 accumulator, so it must be
+                        # complete (and its stage is free at once)
                         cute.nvgpu.warpgroup.wait_group(0)
                         loader.consumer_release(pipe, release)
                         release.advance()
-                        self._promote(acc, part, sa, sb, offsets)
-                    else:
+                        self._promote(acc, part, scales[0], scales[1], offsets)
+                        read.advance()
+                else:
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.fence()
+                    for k in cutlass.range(k0, k0 + kn, unroll=1):
+                        loader.consumer_wait(pipe, read)
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        if cutlass.const_expr(deferred):
+                            # two k-tiles of WGMMAs queued (~1.4 us at 128 x 256): the
+                            # previous tile goes out under them
+                            if k == k0 + 1:
+                                if holding > 0:
+                                    stores = self._store_held(held, held_m, held_n, stores,
+                                                              r2s, tRS_sC, tma_c, sC, gC,
+                                                              epi_sync, warp, store_warp,
+                                                              epi_bufs)
+                                    holding = cutlass.Int32(0)
                         # keep this k-tile's WGMMAs in flight; the previous stage is free
                         # once the group before them has retired
                         cute.nvgpu.warpgroup.wait_group(1)
                         if k > k0:
                             loader.consumer_release(pipe, release)
                             release.advance()
-                    read.advance()
+                        read.advance()
                 if cutlass.const_expr(cfg.pingpong):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue follows
-                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
+                if cutlass.const_expr(end_scale is not None):
                     # the scales this thread's values take, loaded under the last WGMMAs
-                    sa, sb = self._load_scales(tCcC, offsets, mScaleA, mScaleB, m, n, 0,
-                                               mC_tma.shape)
+                    # (row-wise: the rows' here, the tile's columns into shared memory)
+                    self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
+                                      mScaleB, m, n, 0, mC_tma.shape,
+                                      rows=end_scale == "values",
+                                      cols=not cfg.stages_column_scales)
+                if cutlass.const_expr(cfg.stages_column_scales):
+                    self._stage_column_scales(sScales, mScaleB, n, local % 2, mma_tid,
+                                              epi_threads, mC_tma.shape[1])
                 cute.nvgpu.warpgroup.wait_group(0)
                 if cutlass.const_expr(promotes):
                     pass  # every stage was released as its k-tile was promoted
@@ -647,8 +677,13 @@ class HopperGemm(PartialSums, Fp8Scales):
                 else:
                     loader.consumer_release(pipe, release)
                     release.advance()
-                if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
-                    self._scale(acc, sa, sb, offsets)
+                if cutlass.const_expr(cfg.stages_column_scales):
+                    epi_sync.arrive_and_wait()  # every column scale of the tile is staged
+                    self._scale_with_staged_columns(acc, scales[0], sScales, local % 2,
+                                                    tCcC, offsets)
+                elif cutlass.const_expr(end_scale is not None):
+                    self._scale(acc, scales[0], scales[1], offsets,
+                                rows=end_scale == "values")
 
                 finish = True
                 if cutlass.const_expr(cfg.stream_k):
