@@ -71,6 +71,23 @@ def test_paged_tma_keeps_wgmma_async_without_spills(page_size):
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
+@pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
+                    reason="needs ptxas and nvdisasm (CUDA toolkit)")
+@pytest.mark.parametrize("page_size,causal,decode", [(16, False, False), (16, True, False),
+                                                     (128, False, False), (16, False, True)])
+def test_paged_tma_boxes_issue_without_a_loop_over_lanes(page_size, causal, decode):
+    """Every TMA box issues straight from uniform registers. With the warp role's index
+    taken through a shuffle (which ptxas folds back to tid / 128), ptxas could treat the
+    role branch as divergent in the non-causal kernels and wrapped each UTMALDG in a loop
+    over the lanes' operands (BRA.U.ANY): at page 16's 32 boxes a key block the producer
+    outlasted the consumers (360 against 640 TFLOP/s at page 128, H100)."""
+    cfg = AttentionConfig(page_size=page_size, causal=causal, pack_gqa=decode,
+                          split_kv=decode)
+    sass = build.sass(build.compile_paged_attention(cfg, "BFloat16").ptx)
+    assert sass.count("UTMALDG") > 0
+    assert "BRA.U.ANY" not in sass
+
+
 def test_paged_reference_is_attention_over_the_gathered_pages():
     import torch
 
