@@ -296,7 +296,7 @@ def main() -> int:
           f"{here}".rstrip())
     ok = (equal and renamed and found["tensor"][0] == 4
           and errors["row"][1] < errors["tensor"][1] and block["block"] < block["row"]
-          and "1" in block["waits"])
+          and "0" in block["waits"] and "1" not in block["waits"])
     return 0 if ok else 1
 
 
