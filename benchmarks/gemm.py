@@ -16,10 +16,13 @@ and those medians are the figures.
 Every kernel's output is checked against cuBLAS before it is timed; a wrong kernel is
 reported, not timed. ``--every`` keeps every candidate's time (an ablation), ``--cells``
 and ``--dtypes`` narrow the grid. ``--dtypes float8_e4m3fn``: the FP8 cells, a row per
-scaling mode, ``cutetma.scaled_gemm`` (TMA and cp.async) against ``torch._scaled_mm``
-(``gemm_fp8.py``). QuACK's GEMM (``quack.gemm_interface.gemm``, where installed) is timed
-beside cuBLAS in the final rounds (column ``quack``, checked first); ``--peer-cells`` adds
-``PEER_CELLS``, the odd sizes and M <= 128 where QuACK or cuBLAS led.
+scaling mode (``--scalings`` narrows them), ``cutetma.scaled_gemm`` (TMA and cp.async)
+against ``torch._scaled_mm`` (``gemm_fp8.py``); ``--warm N`` compiles their kernels in N
+processes first (the paper's grid in FP8, per tensor: ``--dtypes float8_e4m3fn --scalings
+tensor --warm 14 --name gemm_fp8_grid``). QuACK's GEMM (``quack.gemm_interface.gemm``,
+where installed) is timed beside cuBLAS in the final rounds (column ``quack``, checked
+first); ``--peer-cells`` adds ``PEER_CELLS``, the odd sizes and M <= 128 where QuACK or
+cuBLAS led.
 Writes ``gemm.json`` (meta + rows) and ``gemm.png`` into --out. The whole grid takes about
 8 minutes on the H200; to stay under a call's limit run ``--dtypes float16 --name gemm_fp16``
 and ``--dtypes bfloat16 --name gemm_bf16`` in two calls, then ``--merge`` them (no GPU; a
@@ -401,14 +404,15 @@ def measure_cell(dtype: str, m: int, n: int, k: int, every: bool = False,
 
 def run(quick: bool, dtypes=("float16", "bfloat16"), checkpoint=None, only=None,
         every: bool = False, mechanisms=tuple(MECHANISMS),
-        peer_cells: bool = False) -> list[dict]:
-    """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows."""
+        peer_cells: bool = False, scalings=gemm_fp8.SCALINGS) -> list[dict]:
+    """Every cell; ``checkpoint(rows)`` after each, so a run cut short keeps its rows.
+    FP8 cells: a row per scaling in ``scalings``."""
     todo = [(d, c) for d in dtypes for c in cells(quick, only, peer_cells)]
     rows = []
     for dtype, mnk in progress(todo, len(todo)):
         if dtype == gemm_fp8.FP8:  # a row per scaling mode (gemm_fp8.py)
             rows += [gemm_fp8.measure_fp8_cell(*mnk, scaling, bench, alternating_rounds,
-                                               FINAL_ROUNDS) for scaling in gemm_fp8.SCALINGS]
+                                               FINAL_ROUNDS) for scaling in scalings]
         else:
             rows.append(measure_cell(dtype, *mnk, every=every, mechanisms=mechanisms))
         if checkpoint:
@@ -537,6 +541,11 @@ def main(argv=None):
                     help="also offer TMA these tiles in every cell with M > 64 (an ablation)")
     ap.add_argument("--peer-cells", action="store_true",
                     help="also PEER_CELLS: odd sizes and M <= 128, where QuACK or cuBLAS led")
+    ap.add_argument("--scalings", nargs="+", default=list(gemm_fp8.SCALINGS),
+                    choices=gemm_fp8.SCALINGS, help="FP8 cells: only these scalings")
+    ap.add_argument("--warm", type=int, default=0, metavar="N",
+                    help="FP8 cells: compile every cell's kernels first in N processes "
+                         "(the shared on-disk cache), so the timed run compiles nothing")
     ap.add_argument("--merge", nargs="*", metavar="JSON",
                     help="no GPU: join the rows of these results files (e.g. one per dtype, "
                          "run in separate calls) into --name, with its summary and plot")
@@ -569,8 +578,11 @@ def main(argv=None):
                  **{k: parts[0]["meta"].get(k) for k in ("device", "clocks", "torch", "cuda",
                                                          "cutlass_dsl")}}
     else:
+        if args.warm and gemm_fp8.FP8 in args.dtypes:
+            gemm_fp8.warm(cells(args.quick, args.cells, args.peer_cells), args.scalings,
+                          args.warm)
         rows = run(args.quick, tuple(args.dtypes), checkpoint, args.cells, args.every,
-                   tuple(args.mechanisms), args.peer_cells)
+                   tuple(args.mechanisms), args.peer_cells, tuple(args.scalings))
         extra = {"seconds": round(time.time() - t0)}
     sixteen = [r for r in rows if r["dtype"] != gemm_fp8.FP8]
     summary = {**(summarize(sixteen) if sixteen else {}),

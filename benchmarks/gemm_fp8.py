@@ -96,6 +96,36 @@ def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_ro
     return row
 
 
+def _compile_cell(job):
+    """One cell's kernel for one producer, in a worker process (``warm``)."""
+    import torch
+
+    import cutetma
+
+    (m, n, k), scaling, load = job
+    a, b, scale_a, scale_b = quantised(m, n, k, scaling)
+    try:
+        cutetma.scaled_gemm(a, b, scale_a, scale_b, load=load)
+        torch.cuda.synchronize()
+    except Exception as exc:  # the timed run reports it against the cell
+        return f"{job}: {type(exc).__name__}"
+    return None
+
+
+def warm(cells, scalings, processes: int) -> None:
+    """Compile the kernels of every (cell, scaling, producer) in ``processes`` worker
+    processes: they fill the on-disk compile cache, which the timed run then reads (a grid
+    of FP8 cells compiles tens of configurations, ~30 s each one after another)."""
+    import multiprocessing
+
+    jobs = [(cell, scaling, load) for cell in cells for scaling in scalings
+            for load in ("tma", "cp_async")]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        failed = [f for f in pool.imap_unordered(_compile_cell, jobs) if f]
+    print(f"compiled {len(jobs)} FP8 kernels in {processes} processes"
+          + (f"; failed: {failed[:4]}" if failed else ""), flush=True)
+
+
 def summarize_fp8(rows) -> dict:
     """Per scaling: the geomean of cutetma / torch._scaled_mm over M >= 256, and of tma /
     cp_async over every cell."""
