@@ -113,15 +113,24 @@ def _compile_cell(job):
 
 
 def warm(cells, scalings, processes: int) -> None:
-    """Compile the kernels of every (cell, scaling, producer) in ``processes`` worker
+    """Compile the kernel of every (cell, scaling, producer) in ``processes`` worker
     processes: they fill the on-disk compile cache, which the timed run then reads (a grid
-    of FP8 cells compiles tens of configurations, ~30 s each one after another)."""
+    of FP8 cells compiles tens of configurations, ~30 s each one after another). A
+    configuration that several cells share is compiled once, from its first cell."""
     import multiprocessing
 
-    jobs = [(cell, scaling, load) for cell in cells for scaling in scalings
-            for load in ("tma", "cp_async")]
+    from cutetma import fp8, runtime, tuning
+
+    sms = runtime.sm_count(0)
+    jobs = {}
+    for cell in cells:
+        for scaling in scalings:
+            for load in ("tma", "cp_async"):
+                cfg = fp8.fp8_config(tuning.select_gemm_config(
+                    *cell, load=load, sm_count=sms, b_k_major=True), scaling)
+                jobs.setdefault(cfg, (cell, scaling, load))
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        failed = [f for f in pool.imap_unordered(_compile_cell, jobs) if f]
+        failed = [f for f in pool.imap_unordered(_compile_cell, jobs.values()) if f]
     print(f"compiled {len(jobs)} FP8 kernels in {processes} processes"
           + (f"; failed: {failed[:4]}" if failed else ""), flush=True)
 
