@@ -112,16 +112,11 @@ def _compile_cell(job):
     return None
 
 
-def warm(cells, scalings, processes: int) -> None:
-    """Compile the kernel of every (cell, scaling, producer) in ``processes`` worker
-    processes: they fill the on-disk compile cache, which the timed run then reads (a grid
-    of FP8 cells compiles tens of configurations, ~30 s each one after another). A
-    configuration that several cells share is compiled once, from its first cell."""
-    import multiprocessing
+def warm_jobs(cells, scalings, sms: int) -> list:
+    """(cell, scaling, producer) jobs, one per distinct FP8 configuration that those cells
+    run on ``sms`` SMs (the first cell that runs it)."""
+    from cutetma import fp8, tuning
 
-    from cutetma import fp8, runtime, tuning
-
-    sms = runtime.sm_count(0)
     jobs = {}
     for cell in cells:
         for scaling in scalings:
@@ -129,8 +124,21 @@ def warm(cells, scalings, processes: int) -> None:
                 cfg = fp8.fp8_config(tuning.select_gemm_config(
                     *cell, load=load, sm_count=sms, b_k_major=True), scaling)
                 jobs.setdefault(cfg, (cell, scaling, load))
+    return list(jobs.values())
+
+
+def warm(cells, scalings, processes: int) -> None:
+    """Compile the kernel of every (cell, scaling, producer) in ``processes`` worker
+    processes: they fill the on-disk compile cache, which the timed run then reads (a grid
+    of FP8 cells compiles tens of configurations, ~30 s each one after another). A
+    configuration that several cells share is compiled once (``warm_jobs``)."""
+    import multiprocessing
+
+    from cutetma import runtime
+
+    jobs = warm_jobs(cells, scalings, runtime.sm_count(0))
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        failed = [f for f in pool.imap_unordered(_compile_cell, jobs.values()) if f]
+        failed = [f for f in pool.imap_unordered(_compile_cell, jobs) if f]
     print(f"compiled {len(jobs)} FP8 kernels in {processes} processes"
           + (f"; failed: {failed[:4]}" if failed else ""), flush=True)
 
