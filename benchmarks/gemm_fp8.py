@@ -96,50 +96,18 @@ def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_ro
     return row
 
 
-def _compile_cell(job):
-    """One cell's kernel for one producer, in a worker process (``warm``)."""
-    import torch
-
-    import cutetma
-
-    (m, n, k), scaling, load = job
-    a, b, scale_a, scale_b = quantised(m, n, k, scaling)
-    try:
-        cutetma.scaled_gemm(a, b, scale_a, scale_b, load=load)
-        torch.cuda.synchronize()
-    except Exception as exc:  # the timed run reports it against the cell
-        return f"{job}: {type(exc).__name__}"
-    return None
-
-
-def warm_jobs(cells, scalings, sms: int) -> list:
-    """(cell, scaling, producer) jobs, one per distinct FP8 configuration that those cells
-    run on ``sms`` SMs (the first cell that runs it)."""
-    from cutetma import fp8, tuning
-
-    jobs = {}
-    for cell in cells:
-        for scaling in scalings:
-            for load in ("tma", "cp_async"):
-                cfg = fp8.fp8_config(tuning.select_gemm_config(
-                    *cell, load=load, sm_count=sms, b_k_major=True), scaling)
-                jobs.setdefault(cfg, (cell, scaling, load))
-    return list(jobs.values())
-
-
 def warm(cells, scalings, processes: int) -> None:
-    """Compile the kernel of every (cell, scaling, producer) in ``processes`` worker
-    processes: they fill the on-disk compile cache, which the timed run then reads (a grid
-    of FP8 cells compiles tens of configurations, ~30 s each one after another). A
-    configuration that several cells share is compiled once (``warm_jobs``)."""
-    import multiprocessing
+    """Compile the kernels of every (cell, scaling, producer) into the on-disk cache first
+    (``cutetma.runtime.warm``, what ``cutetma cache warm`` runs: one compile per distinct
+    kernel, in ``processes`` worker processes), so the timed run compiles nothing (a grid
+    of FP8 cells is tens of configurations, ~30 s each one after another)."""
+    from cutetma.runtime import warm as cache_warm
 
-    from cutetma import runtime
-
-    jobs = warm_jobs(cells, scalings, runtime.sm_count(0))
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        failed = [f for f in pool.imap_unordered(_compile_cell, jobs) if f]
-    print(f"compiled {len(jobs)} FP8 kernels in {processes} processes"
+    entries = cache_warm.scaled_gemm_entries(cells, scalings, ("tma", "cp_async"), gpu=True)
+    results = cache_warm.warm(entries, processes)
+    failed = [e.name() for e, (status, _, _) in zip(entries, results, strict=True)
+              if status == "failed"]
+    print(f"compiled {len(entries)} FP8 kernels in {processes} processes"
           + (f"; failed: {failed[:4]}" if failed else ""), flush=True)
 
 

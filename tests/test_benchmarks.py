@@ -371,27 +371,6 @@ def test_fp8_rows_summarize_apart_from_the_16_bit_grid():
     assert s["fp8_row_vs_torch_scaled_mm_M>=256"] is None
 
 
-def test_fp8_warm_compiles_each_configuration_once():
-    """``--warm``: one job per distinct FP8 configuration of the grid, both producers, and
-    every (cell, producer) of the grid runs one of those configurations."""
-    import gemm
-    import gemm_fp8
-
-    from cutetma import fp8, tuning
-
-    cells = gemm.cells(False)
-    jobs = gemm_fp8.warm_jobs(cells, ("tensor",), 132)
-
-    def config(cell, load):
-        return fp8.fp8_config(tuning.select_gemm_config(*cell, load=load, sm_count=132,
-                                                        b_k_major=True), "tensor")
-
-    compiled = {config(cell, load) for cell, _, load in jobs}
-    assert len(compiled) == len(jobs) < len(cells)  # shared configurations compile once
-    assert {load for _, _, load in jobs} == {"tma", "cp_async"}
-    assert all(config(cell, load) in compiled for cell in cells for load in ("tma", "cp_async"))
-
-
 def test_peer_columns_summarize_and_peer_cells_join_the_grid():
     """The peers' geomeans: cutetma's default over QuACK (gemm.py) and TMA over
     FlashAttention-4 (attention.py); ``--peer-cells`` adds the cells where they led."""

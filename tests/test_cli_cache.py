@@ -180,6 +180,32 @@ def test_warm_with_the_cache_off_is_a_usage_error(cache_dir, monkeypatch, capsys
     assert not cache_dir.exists()
 
 
+def test_scaled_gemm_entries_are_what_scaled_gemm_launches(cache_dir):
+    """One entry per distinct FP8 configuration, both producers, and every (problem,
+    producer) runs one of those configurations (``fp8._plan``'s choice: the 16-bit model's,
+    made FP8's); an entry compiles on a machine with no GPU."""
+    from cutetma import fp8
+    from cutetma.runtime import warm
+    from cutetma.tuning import gemm as tuning
+
+    problems = [(m, n, k) for m in (256, 2048, 8192)
+                for n, k in ((4096, 4096), (8192, 8192), (28672, 8192), (5120, 16384))]
+    entries = warm.scaled_gemm_entries(problems, ("tensor",), ("tma", "cp_async"))
+
+    def config(problem, load):
+        return fp8.fp8_config(tuning.select_gemm_config(*problem, load=load, sm_count=132,
+                                                        b_k_major=True), "tensor")
+
+    compiled = {e.cfg for e in entries}
+    assert len(compiled) == len(entries) < 2 * len(problems)  # shared ones compile once
+    assert {e.cfg.load for e in entries} == {"tma", "cp_async"}
+    assert all(config(p, load) in compiled for p in problems for load in ("tma", "cp_async"))
+    split = warm.scaled_gemm_entries([(16, 4096, 14336)], ("tensor",))[0]
+    assert split.cfg.split_k > 1 and split.workspace == "split"
+    assert split.name().startswith("gemm e4m3") and "tensor scales" in split.name()
+    assert warm.compile_entry(split)[0] == "compiled", warm.compile_entry(split)
+
+
 @pytest.mark.gpu
 def test_a_warmed_gemm_compiles_nothing_in_a_fresh_process(cache_dir):
     """Warm as on a machine without a GPU the shapes whose tile order needs no probe (the

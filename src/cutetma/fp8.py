@@ -38,9 +38,11 @@ from cutetma.ops import (
     plan_key,
 )
 from cutetma.tuning import gemm as tuning
+from cutetma.tuning.gemm import PROMOTED_MAX_TILE_N, fp8_config  # noqa: F401 - (*)
+
+# (*) the FP8 kernel's configuration rules live in tuning (``runtime.warm`` takes them too)
 
 FP8 = torch.float8_e4m3fn
-PROMOTED_MAX_TILE_N = 128
 
 
 def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
@@ -174,38 +176,6 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
         plan.workspace = workspace
     plan.launch = runtime.scaled_gemm_launch(out_dtype, cfg, plan.clusters, workspace)
     return plan
-
-
-def fp8_config(cfg: GemmConfig, mode: str, out_dtype: torch.dtype = torch.bfloat16
-               ) -> GemmConfig:
-    """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
-    the raster band kept and no order table (FP8 tiles are not placed yet); blockwise and
-    other promoted tiles at most ``PROMOTED_MAX_TILE_N`` wide (blockwise: cooperative, no
-    stream-K, split-K's slices summed in order). An fp32 ``out_dtype`` promotes each k-tile
-    into the accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower,
-    which a 16-bit C's rounding hides but an fp32 C shows)."""
-    promote = out_dtype == torch.float32 or mode == "block"
-    if promote and (cfg.schedule != "cooperative" or cfg.stream_k
-                    or (mode == "block" and 128 % cfg.tile_n)):
-        # blockwise: a tile inside one 128-column scale block, 128 wide, or 64 where the
-        # model chose a narrower one
-        tile_n = (128 if cfg.tile_n > 64 else 64) if mode == "block" else cfg.tile_n
-        cfg = GemmConfig(tile_m=cfg.tile_m, tile_n=tile_n, load=cfg.load, split_k=cfg.split_k,
-                         split_sum=cfg.split_sum, store_under_mma=cfg.store_under_mma)
-    if promote and cfg.tile_n > PROMOTED_MAX_TILE_N:
-        # a promoted tile holds its accumulator and a k-tile's fragment: 128 registers a
-        # thread at 128 wide, 256 at 256 wide, past setmaxnreg's 232 (it spilled 500 bytes;
-        # per tensor at 4096^3 128 x 128 ran 1016 TFLOP/s against 420, docs/design.md)
-        try:
-            cfg = dataclasses.replace(cfg, tile_n=PROMOTED_MAX_TILE_N, epi_n=None)
-        except ValueError:  # a cluster or schedule that needs the wider tile
-            cfg = GemmConfig(tile_m=128, tile_n=PROMOTED_MAX_TILE_N, load=cfg.load)
-    if mode == "block" and cfg.split_k > 1:
-        # blockwise slices summed by split-K came out wrong on the H200 (257 x 129 x 4096,
-        # 8 slices: atomic sum wrong, ordered sum NaN); whole K until that is understood
-        cfg = dataclasses.replace(cfg, split_k=1, split_sum="ordered")
-    return dataclasses.replace(cfg, tile_k=128, scaling=mode, order_table=False,
-                               promote=promote and mode != "block")
 
 
 def clear_plans() -> None:

@@ -1,11 +1,12 @@
 """Fill the on-disk compile cache ahead of time (``cutetma cache warm``).
 
-``gemm_entries``, ``attention_entries`` and ``paged_entries`` turn problems into the kernels
-``cutetma.gemm``, ``cutetma.attention`` and ``cutetma.attention_with_kvcache`` would launch
-for them (``Entry``: dtypes, configuration, B's major, cluster count, workspace kind), one
-per distinct kernel; ``warm`` compiles each through the very functions the ops launch
-through (``runtime.gemm_launch``, ``runtime.attention_launch``,
-``runtime.paged_attention_launch``), so the cache keys are the ops' own, in worker processes
+``gemm_entries``, ``attention_entries``, ``paged_entries`` and ``scaled_gemm_entries`` turn
+problems into the kernels ``cutetma.gemm``, ``cutetma.attention``,
+``cutetma.attention_with_kvcache`` and ``cutetma.scaled_gemm`` would launch for them
+(``Entry``: dtypes, configuration, B's major, cluster count, workspace kind), one per
+distinct kernel; ``warm`` compiles each through the very functions the ops launch through
+(``runtime.gemm_launch``, ``runtime.attention_launch``, ``runtime.paged_attention_launch``,
+``runtime.scaled_gemm_launch``), so the cache keys are the ops' own, in worker processes
 (``multiprocessing``, spawn; ``import cutetma`` in each sets the arch), and reports each
 entry as it finishes: compiled, or already on disk (a hit).
 
@@ -35,7 +36,7 @@ import time
 
 H200_SMS = 132
 DTYPES = ("float16", "bfloat16")
-SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "e4m3"}
 LOADS = ("tma", "cp_async")
 B_LAYOUTS = ("nk", "kn")
 # the headline shapes and the linear layers of a Llama-3-8B-like model (fused QKV, attention
@@ -90,6 +91,8 @@ class Entry:
             return (f"{kind} {SHORT[self.dtype]} d={cfg.head_dim}"
                     f"{' causal' if cfg.causal else ''} {cfg.load}")
         parts = [f"gemm {SHORT[self.dtype]} {cfg.tile_m}x{cfg.tile_n}"]
+        if self.op == "scaled_gemm":
+            parts.append(f"{cfg.scaling} scales")
         if cfg.cluster_m * cfg.cluster_n > 1:
             parts.append(f"cluster {cfg.cluster_m}x{cfg.cluster_n}")
         if cfg.schedule != "cooperative":
@@ -159,6 +162,33 @@ def gemm_entries(problems, dtypes=DTYPES, loads=("tma",), b_layouts=("nk",),
     return _distinct(gemm_entry(m, n, k, dtype, load, layout, gpu)
                      for dtype in dtypes for load in loads for layout in b_layouts
                      for m, n, k in problems)
+
+
+def scaled_gemm_entries(problems, scalings=("tensor",), loads=("tma",),
+                        out_dtype: str = "bfloat16", gpu: bool = False) -> list[Entry]:
+    """The kernels ``cutetma.scaled_gemm`` launches for these problems (e4m3 A (M, K), B
+    (K, N) column-major), per scaling and load, one per distinct kernel: the 16-bit model's
+    choice made FP8's by ``tuning.gemm.fp8_config``, as ``fp8._plan`` does (no order table, so no
+    placement; with ``gpu``, this GPU's SM and cluster counts)."""
+    import torch
+
+    from cutetma.runtime import device
+    from cutetma.tuning import gemm as tuning
+
+    sms = device.sm_count(0) if gpu else H200_SMS
+    entries = []
+    for scaling in scalings:
+        for load in loads:
+            for m, n, k in problems:
+                cfg = tuning.fp8_config(tuning.select_gemm_config(
+                    m, n, k, load=tuning.check_load(load), sm_count=sms, b_k_major=True),
+                    scaling, getattr(torch, out_dtype))
+                size = cfg.cluster_m * cfg.cluster_n
+                clusters = device.max_active_clusters(size, 0) if gpu else H200_SMS // size
+                workspace = "split" if cfg.stream_k or cfg.split_k > 1 else ""
+                entries.append(Entry("scaled_gemm", "float8_e4m3fn", cfg, out_dtype, True,
+                                     clusters, workspace, ((m, n, k),)))
+    return _distinct(entries)
 
 
 def probe_entries(gemms) -> list[Entry]:
@@ -323,6 +353,10 @@ def _launch(entry: Entry) -> None:
         launch.attention_backward_launch(dtype, entry.cfg)  # dK, dV in the inputs' dtype
         launch.backward_preprocess_launch(dtype, entry.cfg.head_dim, entry.cfg.block_m)
         launch.dq_postprocess_launch(dtype, entry.cfg.head_dim, entry.cfg.block_m)
+        return
+    if entry.op == "scaled_gemm":
+        launch.scaled_gemm_launch(getattr(torch, entry.out_dtype), entry.cfg, entry.clusters,
+                                  workspace_tensors(entry.workspace))
         return
     if entry.op == "attention":
         launch.attention_launch(dtype, entry.cfg)
