@@ -98,6 +98,12 @@ def test_backward_config_rules():
         BackwardConfig(block_m=128)
     cfg = BackwardConfig()
     assert (cfg.threads, cfg.registers) == (384, (24, 240))
+    # dV after the dS math by default; under it only where 64-row blocks hold it
+    assert cfg.dv_issue == "late" and BackwardConfig(dv_issue="early").dv_issue == "early"
+    with pytest.raises(ValueError, match="dv_issue"):
+        BackwardConfig(head_dim=64, dv_issue="early")
+    with pytest.raises(ValueError, match="dv_issue"):
+        BackwardConfig(head_dim=256, dv_issue="early")
     assert BackwardConfig(load="cp_async").registers == (24, 240)
     assert cfg.smem_bytes() <= 227 * 1024
 

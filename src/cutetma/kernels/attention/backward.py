@@ -2,17 +2,17 @@
 load mechanism a parameter (FlashAttention-3's structure; ``BackwardConfig``).
 
 One CTA per (key block n, head, batch): its 128 keys' K and V stay in shared memory while it
-walks the query blocks that see them, 64 queries at a time (128 at d = 64, FA4's tile: dV is
-then issued after the dS math, which its registers need). Per query block m::
+walks the query blocks that see them, 64 queries at a time (128 at d = 64, FA4's tile). Per
+query block m::
 
     producer        Q_m, dO_m, LSE_m, D_m (TMA,  ---> Q / dO / LSE / D ring (full / empty
                     or cp.async by a warpgroup)        pairs); K_n, V_n once, own barrier
     consumer WG w   S^T  = K_w Q_m^T     dP^T = V_w dO_m^T           (SS WGMMA: keys on M,
       (w = 0, 1:                                                       so P^T and dS^T are
        keys 64 w ..  P^T  = exp2(S^T scale log2 e - LSE log2 e)        A fragments as they
-       64 w + 63)    dV_w += P^T dO_m   (issued, runs under the dS math)  (RS WGMMA; B: dO, Q
-                    dS^T = P^T (dP^T - D)                               seen transposed in
-                    dS^T -> shared memory (this warpgroup's 64 rows),   place)
+       64 w + 63)    dS^T = P^T (dP^T - D)                               lie; RS WGMMA, B:
+                    dV_w += P^T dO_m   (issued; ``dv_issue``)            dO, Q seen
+                    dS^T -> shared memory (this warpgroup's 64 rows),   transposed in place)
                     DS_READY barrier
                     dQ_m[:, d half w] = dS K[:, d half w]   (SS WGMMA, all keys; at 128-query
                     blocks dQ_m[queries 64 w ..] = dS[64 w ..] K instead), then
@@ -505,9 +505,10 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
         acc_s, acc_dp = ops.acc_s, ops.acc_dp
         # 64-query blocks have the registers to read the LSE while S^T still runs and D
         # while dP^T does (read where used, each shared-memory latency stalled the exp2 or
-        # the subtraction), and to run dV under the dS math; 128-query blocks (d = 64) read
-        # them where used and issue dV after it
+        # the subtraction), and to run dV under the dS math (``dv_issue``); 128-query blocks
+        # (d = 64) read them where used and issue dV after it
         narrow = cfg.block_m == 64
+        dv_early = cfg.dv_issue == "early"
         lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage) if narrow else None
         warpgroup.wait_group(1)  # S^T done
         self._mask(acc_s, ops.tScS, ops.key0, m * cfg.block_m, ops.tile)
@@ -524,17 +525,18 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
             cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tPr_as_s),
                       ops.tSsP[(None, None, None, buf)])
             warpgroup.wait_group(0)  # dP^T done
-        elif cutlass.const_expr(narrow):
+        elif cutlass.const_expr(dv_early):
             self._issue_dv(ops, m, stage)
             warpgroup.wait_group(1)  # dP^T done
         else:
             warpgroup.wait_group(0)  # dP^T done
-            dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
+            if cutlass.const_expr(not narrow):
+                dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage)
         for j, dsum in dsums:
             for i in ops.cols.values_of[j]:
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dsum)
         ops.tdSr_as_s.store(acc_dp.load().to(dtype))
-        if cutlass.const_expr(not narrow):
+        if cutlass.const_expr(not dv_early and not cfg.splits_d):
             self._issue_dv(ops, m, stage)
         cute.copy(ops.r2s_ds, ops.r2s_ds_thr.retile(ops.tdSr_as_s),
                   ops.tSsdS[(None, None, None, buf)])

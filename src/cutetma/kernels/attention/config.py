@@ -281,6 +281,11 @@ class BackwardConfig:
     block_m: int = 0  # 0: BACKWARD_BLOCK_M's, else 64
     block_n: int = 0  # 0: 64 at d = 256, else 128
     stages: int = 2
+    # when dV += P^T dO is issued: "late", after the dS math (FlashAttention-3's order), or
+    # "early", right after P, to run under the dS math (64-row blocks that do not split d:
+    # their registers hold it). Late: 2-8% faster at d = 128 on the H200 (docs/design.md,
+    # "Attention backward"); where ``splits_d``, dV is issued with dK either way
+    dv_issue: str = "late"
     # dQ's key-block contributions added in key-block order (each CTA waits for the one
     # before it at every query block: a turn counter per (query block, head, batch)), so
     # the gradients are the same bits every run (torch.use_deterministic_algorithms)
@@ -304,6 +309,10 @@ class BackwardConfig:
                              "d = 256)")
         if self.stages not in (1, 2):
             raise ValueError(f"stages={self.stages}: 1 or 2")
+        narrow = self.block_m == 64 and not self.splits_d
+        if self.dv_issue not in ("early", "late") or (self.dv_issue == "early" and not narrow):
+            raise ValueError(f"dv_issue={self.dv_issue!r}: 'late', or 'early' with 64-row "
+                             "blocks that do not split d")
 
     @property
     def splits_d(self) -> bool:
