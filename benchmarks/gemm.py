@@ -481,46 +481,63 @@ def default_geomeans(rows: list[dict]) -> dict:
     return {m: geomean(v) for m, v in sorted(ratios.items())}
 
 
-def plot(rows: list[dict], path: Path):
+def plot(rows: list[dict], path: Path, device: str | None = None):
+    """Left: ours over the vendor library per cell (16-bit rows: cuBLAS; FP8 rows:
+    ``torch._scaled_mm``), by M; right: TMA over cp.async of the same kernel, with the
+    median per M of each datatype family (the paper's table). ``device``: the card the rows
+    were measured on (default: this machine's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fp8 = [r for r in rows if r["dtype"] == gemm_fp8.FP8]
+    sixteen = [r for r in rows if r["dtype"] != gemm_fp8.FP8]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=90)
     series = (("tma_default", "cutetma.gemm, no options", "o", "k"),
               ("tma", "best TMA tile", ".", "C0"), ("tma_multicast", "TMA multicast", "^", "C1"),
               ("cp_async", "cp.async", "x", "C2"))
     for name, label, marker, color in series:
-        pts = [(r["M"], r[name] / r["cublas"]) for r in rows if r.get(name)]
+        pts = [(r["M"], r[name] / r["cublas"]) for r in sixteen if r.get(name) and r.get("cublas")]
         if pts:
             ax1.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=14,
                         label=label, alpha=0.45 if name != "tma_default" else 0.8, color=color)
-    means = default_geomeans(rows)  # the figure the issue's target is about, per M
+    means = default_geomeans(sixteen)  # the figure the issue's target is about, per M
     if means:
         ax1.plot(list(means), list(means.values()), "D-", color="C3", ms=5, lw=1.2,
                  label="geomean, no options")
+    for scaling, marker in (("tensor", "s"), ("row", "v"), ("block", "P")):
+        pts = [(r["M"], r["cutetma"] / r["torch_scaled_mm"]) for r in fp8
+               if r.get("scaling") == scaling and r.get("cutetma") and r.get("torch_scaled_mm")]
+        if pts:
+            ax1.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=14,
+                        alpha=0.6, label=f"FP8 {scaling} scales / torch._scaled_mm")
     ax1.axhline(1.0, color="k", lw=0.8)
     ax1.set_xscale("log", base=2)
     ax1.set_xlabel("M")
-    ax1.set_ylabel("TFLOP/s / cuBLAS")
-    ax1.set_title("ours vs cuBLAS (same run, randn)", fontsize=10)
-    ax1.legend(fontsize=8)
-    sp = [(r["M"], r["tma"] / r["cp_async"]) for r in rows if r.get("tma") and r.get("cp_async")]
-    if sp:
-        ax2.scatter([p[0] for p in sp], [p[1] for p in sp], s=14, color="C0", alpha=0.6)
+    ax1.set_ylabel("TFLOP/s / " + ("cuBLAS" if sixteen else "torch._scaled_mm"))
+    ax1.set_title("ours vs the vendor library (same run, randn)", fontsize=10)
+    ax1.legend(fontsize=7)
+    for family, color, label in ((sixteen, "C0", "fp16 + bf16"), (fp8, "C4", "FP8 (e4m3)")):
+        sp = [(r["M"], r["tma"] / r["cp_async"]) for r in family  # the paper's cells
+              if r.get("tma") and r.get("cp_async") and (r["N"], r["K"]) in PAPER_NK]
+        if not sp:
+            continue
+        ax2.scatter([p[0] for p in sp], [p[1] for p in sp], s=14, color=color, alpha=0.5)
         by_m: dict = {}
         for m, x in sp:
             by_m.setdefault(m, []).append(x)
         ax2.plot(sorted(by_m), [statistics.median(by_m[m]) for m in sorted(by_m)], "D-",
-                 color="C3", ms=5, lw=1.2, label="median (the paper's table)")
+                 color=color, ms=5, lw=1.2, label=f"{label}: median (the paper's table)")
+    if sixteen or fp8:
         ax2.legend(fontsize=8)
     ax2.axhline(1.0, color="k", lw=0.8)
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("M")
     ax2.set_ylabel("TMA / cp.async")
     ax2.set_title("same kernel, producer swapped", fontsize=10)
-    fig.suptitle(f"Hopper GEMM on the {device_label()}, fp16 + bf16", fontsize=11)
+    dtypes = " + ".join(x for x, rows_of in (("fp16 + bf16", sixteen), ("FP8", fp8)) if rows_of)
+    fig.suptitle(f"Hopper GEMM on the {device or device_label()}, {dtypes}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -589,7 +606,8 @@ def main(argv=None):
                **gemm_fp8.summarize_fp8([r for r in rows if r["dtype"] == gemm_fp8.FP8])}
     path = results.write(args.name, rows, out, extra_meta={
         "summary": summary, "complete": True, **extra})
-    plot(sixteen, out / f"{args.name}.png")
+    device = extra.get("device")  # a merge: the card the rows were measured on
+    plot(rows, out / f"{args.name}.png", device and str(device).removeprefix("NVIDIA "))
     print(f"wrote {path} and {out / f'{args.name}.png'}")
     for key, value in summary.items():
         print(f"  {key}: {value:.3f}" if isinstance(value, float) else f"  {key}: {value}")

@@ -77,6 +77,28 @@ def test_grid_plot_draws_the_default_and_its_geomean_per_m(tmp_path):
     assert path.stat().st_size > 10_000
 
 
+def test_grid_plot_draws_fp8_rows(tmp_path, monkeypatch):
+    """An FP8-only grid (``--dtypes float8_e4m3fn``) plots its own rows: ours over
+    ``torch._scaled_mm`` per scaling, and TMA over cp.async with the per-M median of the
+    paper's cells; the title names the card given, not this machine's (a merge)."""
+    import gemm
+    import matplotlib.axes
+
+    drawn = []
+    real_scatter = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda self, x, y, *a, **k: (
+        drawn.append((k.get("label"), list(y))), real_scatter(self, x, y, *a, **k))[1])
+    n, k = gemm.PAPER_NK[0]
+    rows = [dict(M=m, N=n, K=k, dtype="float8_e4m3fn", scaling="tensor", cutetma=t, tma=t,
+                 cp_async=t / 1.2, torch_scaled_mm=100.0) for m, t in ((256, 90.0), (8192, 110.0))]
+    path = tmp_path / "gemm_fp8_grid.png"
+    gemm.plot(rows, path, "H200")
+    fp8 = dict(drawn)["FP8 tensor scales / torch._scaled_mm"]
+    assert fp8 == pytest.approx([0.9, 1.1])
+    assert [y for label, y in drawn if label is None][-1] == pytest.approx([1.2, 1.2])
+    assert path.stat().st_size > 10_000
+
+
 def test_sustained_benchmark_sweeps_grid_cells_and_summarizes():
     """gemm_sustained.py --grid-m: the grid's 18 (N, K) at each M; its summary is the
     geometric mean over cells of each spec's mean phase against cuBLAS's and the first
