@@ -73,6 +73,26 @@ def test_128_query_blocks(s_q, s_k, causal, load):
     check(2, s_q, s_k, 2, 2, 64, causal, load, block_m=128)
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("s_q,s_k,causal", [(512, 512, False), (333, 517, True)])
+def test_dv_issued_early(s_q, s_k, causal, load):
+    """``dv_issue="early"`` (dV under the dS math) against the reference, and against the
+    default late dV on the same data: dK and dV the same bits (the same GEMMs, issued at
+    another time)."""
+    import torch
+
+    import cutetma
+    from cutetma.kernels.attention.config import BackwardConfig
+
+    check(2, s_q, s_k, 2, 2, 128, causal, load, dv_issue="early")
+    q, k, v, dout = inputs(2, s_q, s_k, 2, 2, 128, "bfloat16", seed=1)
+    out, lse = cutetma.attention(q, k, v, causal=causal, return_lse=True)
+    late, early = (cutetma.attention_backward(
+        dout, q, k, v, out, lse, causal=causal, load=load, config=BackwardConfig(
+            head_dim=128, causal=causal, load=load, dv_issue=when)) for when in ("late", "early"))
+    assert torch.equal(late[1], early[1]) and torch.equal(late[2], early[2])
+
+
 @pytest.mark.parametrize("h,h_kv", [(6, 2), (4, 1)])
 @pytest.mark.parametrize("load", ["tma", "cp_async"])
 def test_gqa(h, h_kv, load):
