@@ -112,8 +112,8 @@ def warm(cells, scalings, processes: int) -> None:
 
 
 def summarize_fp8(rows) -> dict:
-    """Per scaling: the geomean of cutetma / torch._scaled_mm over M >= 256, and of tma /
-    cp_async over every cell."""
+    """Per scaling that has rows: the geomean of cutetma / torch._scaled_mm over M >= 256,
+    and of tma / cp_async over every cell."""
     import math
 
     def gmean(values):
@@ -123,6 +123,8 @@ def summarize_fp8(rows) -> dict:
     out = {}
     for scaling in SCALINGS:
         mine = [r for r in rows if r.get("scaling") == scaling]
+        if not mine:  # a run of other scalings (--scalings)
+            continue
         out[f"fp8_{scaling}_vs_torch_scaled_mm_M>=256"] = gmean(
             r["cutetma"] / r["torch_scaled_mm"] for r in mine
             if r["M"] >= 256 and r.get("cutetma") and r.get("torch_scaled_mm"))

@@ -391,6 +391,7 @@ def test_fp8_rows_summarize_apart_from_the_16_bit_grid():
     assert s["fp8_tensor_vs_torch_scaled_mm_M>=256"] == 1.0  # the M = 64 row is left out
     assert abs(s["fp8_tensor_tma_vs_cp_async"] - 2 ** 0.5) < 1e-12
     assert s["fp8_row_vs_torch_scaled_mm_M>=256"] is None
+    assert not any(key.startswith("fp8_block") for key in s)  # no rows of that scaling
 
 
 def test_peer_columns_summarize_and_peer_cells_join_the_grid():
