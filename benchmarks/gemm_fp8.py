@@ -99,8 +99,8 @@ def measure_fp8_cell(m: int, n: int, k: int, scaling: str, bench, alternating_ro
 def warm(cells, scalings, processes: int) -> None:
     """Compile the kernels of every (cell, scaling, producer) into the on-disk cache first
     (``cutetma.runtime.warm``, what ``cutetma cache warm`` runs: one compile per distinct
-    kernel, in ``processes`` worker processes), so the timed run compiles nothing (a grid
-    of FP8 cells is tens of configurations, ~30 s each one after another)."""
+    kernel, in ``processes`` worker processes), so the timed run compiles nothing (the
+    paper's grid per tensor is 47 configurations)."""
     from cutetma.runtime import warm as cache_warm
 
     entries = cache_warm.scaled_gemm_entries(cells, scalings, ("tma", "cp_async"), gpu=True)

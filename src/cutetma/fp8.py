@@ -38,9 +38,7 @@ from cutetma.ops import (
     plan_key,
 )
 from cutetma.tuning import gemm as tuning
-from cutetma.tuning.gemm import PROMOTED_MAX_TILE_N, fp8_config  # noqa: F401 - (*)
-
-# (*) the FP8 kernel's configuration rules live in tuning (``runtime.warm`` takes them too)
+from cutetma.tuning.gemm import fp8_config  # the FP8 configuration rules (runtime.warm's too)
 
 FP8 = torch.float8_e4m3fn
 

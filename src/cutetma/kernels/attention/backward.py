@@ -505,8 +505,8 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
         acc_s, acc_dp = ops.acc_s, ops.acc_dp
         # 64-query blocks have the registers to read the LSE while S^T still runs and D
         # while dP^T does (read where used, each shared-memory latency stalled the exp2 or
-        # the subtraction), and to run dV under the dS math (``dv_issue``); 128-query blocks
-        # (d = 64) read them where used and issue dV after it
+        # the subtraction), and to run dV under the dS math (``dv_issue="early"``); 128-query
+        # blocks (d = 64) read them where used and issue dV after it
         narrow = cfg.block_m == 64
         dv_early = cfg.dv_issue == "early"
         lses = self._per_column(ops.smem.sLSE, ops.tScS, ops.cols, stage) if narrow else None
