@@ -40,6 +40,7 @@ DECODE = ((64, 4096, 128), (16, 16384, 128), (64, 4096, 16),
           # and the issue's corners: one long sequence (split-KV), many short ones
           (1, 65536, 128), (1, 16384, 64), (4, 4096, 64), (256, 1024, 64))
 ROUNDS = 3
+FP8 = "float8_e4m3fn"
 
 
 def paged_copy(k, v, page_size, generator):
@@ -126,16 +127,27 @@ def checked(columns: dict, want, row: dict) -> dict:
 def paged_problem(dtype: str, b: int, s_q: int, context: int, h: int, h_kv: int, d: int,
                   page_size: int, seed: int):
     """randn q (b, s_q, h, d) and dense K, V (b, context, h_kv, d), the K/V scattered over a
-    shuffled pool (``paged_copy``), every sequence's cache ``context`` keys long."""
+    shuffled pool (``paged_copy``), every sequence's cache ``context`` keys long; float8:
+    each quantised per tensor (randn / (amax / 448)), its descale as the 8th entry."""
     import torch
 
-    t = getattr(torch, dtype)
+    fp8 = dtype == "float8_e4m3fn"
+    t = torch.float32 if fp8 else getattr(torch, dtype)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, s_q, h, d, device="cuda", dtype=t)
     k, v = (torch.randn(b, context, h_kv, d, device="cuda", dtype=t) for _ in range(2))
-    k_cache, v_cache, table = paged_copy(k, v, page_size, g)
+    descales = None
+    if fp8:
+        descales = [(x.abs().amax() / 448.0).item() for x in (q, k, v)]
+        q, k, v = ((x / sc).to(torch.float8_e4m3fn)
+                   for x, sc in zip((q, k, v), descales, strict=True))
+    # one-byte values are scattered as bytes (torch's index copies do not all take float8)
+    as_bytes = (lambda x: x.view(torch.uint8)) if fp8 else (lambda x: x)
+    k_cache, v_cache, table = paged_copy(as_bytes(k), as_bytes(v), page_size, g)
+    if fp8:
+        k_cache, v_cache = (x.view(torch.float8_e4m3fn) for x in (k_cache, v_cache))
     lens = torch.full((b,), context, dtype=torch.int32, device="cuda")
-    return q, k, v, k_cache, v_cache, table, lens
+    return q, k, v, k_cache, v_cache, table, lens, descales
 
 
 def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False) -> dict:
@@ -143,11 +155,18 @@ def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False)
     dense kernel, FA4's paged call (and with ``fa4_dense`` its dense one)."""
     import cutetma
 
-    q, k, v, k_cache, v_cache, table, lens = problem
+    q, k, v, k_cache, v_cache, table, lens, descales = problem
+    fp8 = descales is not None
+    names = ("q_descale", "k_descale", "v_descale")
+    scaled = dict(zip(names, descales, strict=True)) if fp8 else {}
     columns = {
         load: (lambda load=load: cutetma.attention_with_kvcache(
-            q, k_cache, v_cache, lens, table, causal=causal, load=load))
+            q, k_cache, v_cache, lens, table, causal=causal, load=load, **scaled))
         for load in loads}
+    if fp8:  # our dense FP8 kernel beside the paged calls
+        columns["dense"] = lambda: cutetma.attention_fp8(q, k, v, causal=causal, **scaled)
+        row["fa4_error"] = "not run in float8_e4m3fn"
+        return columns
     if "tma" in loads and q.shape[1] > 1:  # prefill and chunked, not decode
         # the default wait for P V (tuning.attention.PAGED_PV_WAIT, else the dense PV_WAIT)
         # against the other place: tma_early (causal d = 128) or tma_late
@@ -194,11 +213,8 @@ def with_paged_pv_wait(key, choice: str, call):
 def timed_row(problem, causal: bool, loads, row: dict, work: float, rounds: int,
               fa4_dense: bool = False) -> dict:
     """Every column checked against our dense kernel, then timed (``work`` per ms)."""
-    import cutetma
-
-    q, k, v = problem[:3]
-    want = cutetma.attention(q, k, v, causal=causal)
     columns = contenders(problem, causal, loads, row, fa4_dense)
+    want = columns["dense"]()
     time_columns(checked(columns, want, row), row, work, rounds)
     return row
 
@@ -248,16 +264,21 @@ def summarize(rows) -> dict:
         return math.exp(sum(math.log(a / b) for a, b in pairs) / len(pairs)) if pairs else None
 
     out = {}
-    for phase in ("prefill", "chunked", "decode"):
-        mine = [r for r in rows if r["phase"] == phase]
-        for other in ("cp_async", "fa4"):
-            pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
-            out[f"{phase}_tma_over_{other}"] = geomean(pairs)
-        for other in ("early", "late"):  # the default over its other wait (contenders)
-            pairs = [(r["tma"], r[f"tma_{other}"]) for r in mine
-                     if r.get(f"tma_{other}") and r.get("tma")]
-            if pairs:
-                out[f"{phase}_default_over_{other}_wait"] = geomean(pairs)
+    for dtype_rows, suffix in (([r for r in rows if r["dtype"] != FP8], ""),
+                               ([r for r in rows if r["dtype"] == FP8], f"_{FP8}")):
+        for phase in ("prefill", "chunked", "decode"):
+            mine = [r for r in dtype_rows if r["phase"] == phase]
+            if suffix and not mine:  # float8's keys only where it ran
+                continue
+            for other in ("cp_async", "fa4", "dense"):
+                pairs = [(r["tma"], r[other]) for r in mine if r.get("tma") and r.get(other)]
+                if other != "dense" or pairs:
+                    out[f"{phase}_tma_over_{other}{suffix}"] = geomean(pairs)
+            for other in ("early", "late"):  # the default over its other wait (contenders)
+                pairs = [(r["tma"], r[f"tma_{other}"]) for r in mine
+                         if r.get(f"tma_{other}") and r.get("tma")]
+                if pairs:
+                    out[f"{phase}_default_over_{other}_wait{suffix}"] = geomean(pairs)
     return out
 
 
@@ -313,7 +334,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="bf16, pages 16 / 64 / 128, "
                         "one round")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    parser.add_argument("--name", default="paged", help="the results file's name (paged_fp8 "
+                        "for a float8 run beside paged.json)")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"],
+                        choices=["bfloat16", "float16", "float8_e4m3fn"])
     parser.add_argument("--phases", nargs="+", default=["prefill", "chunked", "decode"],
                         choices=["prefill", "chunked", "decode"])
     args = parser.parse_args(argv)
@@ -338,8 +362,8 @@ def main(argv=None):
     from cutetma import results
 
     summary = summarize(rows)
-    results.write("paged", rows, args.out, extra_meta={"summary": summary})
-    plot(rows, args.out / "paged.png")
+    results.write(args.name, rows, args.out, extra_meta={"summary": summary})
+    plot(rows, args.out / f"{args.name}.png")
     print(json.dumps(summary))
 
 

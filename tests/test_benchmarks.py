@@ -394,6 +394,24 @@ def test_fp8_rows_summarize_apart_from_the_16_bit_grid():
     assert not any(key.startswith("fp8_block") for key in s)  # no rows of that scaling
 
 
+def test_paged_summary_keeps_float8_apart():
+    """paged.py's summary: the 16-bit keys from 16-bit rows only, float8's suffixed and only
+    where float8 rows ran; TMA over our dense kernel where a row has it."""
+    import paged
+
+    def row(dtype, tma, cp_async, dense=None):
+        return dict(phase="prefill", dtype=dtype, tma=tma, cp_async=cp_async, dense=dense)
+
+    s = paged.summarize([row("bfloat16", 600.0, 300.0), row(paged.FP8, 900.0, 450.0, 1000.0),
+                         row(paged.FP8, 800.0, 800.0, 800.0)])
+    assert s["prefill_tma_over_cp_async"] == 2.0 and "prefill_tma_over_dense" not in s
+    assert abs(s[f"prefill_tma_over_cp_async_{paged.FP8}"] - 2 ** 0.5) < 1e-12
+    assert abs(s[f"prefill_tma_over_dense_{paged.FP8}"] - 0.9 ** 0.5) < 1e-12
+    assert not any(key.startswith("decode") and key.endswith(paged.FP8) for key in s)
+    assert paged.summarize([row("bfloat16", 1.0, 1.0)]).keys().isdisjoint(
+        {f"prefill_tma_over_cp_async_{paged.FP8}"})
+
+
 def test_peer_columns_summarize_and_peer_cells_join_the_grid():
     """The peers' geomeans: cutetma's default over QuACK (gemm.py) and TMA over
     FlashAttention-4 (attention.py); ``--peer-cells`` adds the cells where they led."""

@@ -23,15 +23,18 @@ def quantized(shape, seed):
     return (x / scale).to(torch.float8_e4m3fn), scale
 
 
-def check(b, s_q, s_k, h, h_kv, d, causal, load="tma"):
+def check(b, s_q, s_k, h, h_kv, d, causal, load="tma", v_transpose=""):
     import torch
 
     import cutetma
+    from cutetma.fp8_attention import fp8_config
 
     (q8, sq), (k8, sk), (v8, sv) = (quantized(shape, i) for i, shape in enumerate(
         ((b, s_q, h, d), (b, s_k, h_kv, d), (b, s_k, h_kv, d))))
+    config = fp8_config(d, causal, load, v_transpose=v_transpose) if v_transpose else None
     out, lse = cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv,
-                                     causal=causal, load=load, return_lse=True)
+                                     causal=causal, load=load, return_lse=True,
+                                     config=config)
     torch.cuda.synchronize()
     assert_within_budget(out, lse, (q8.float() * sq, k8.float() * sk, v8.float() * sv),
                          causal)
@@ -70,6 +73,29 @@ def test_square(d, causal, load):
 @pytest.mark.parametrize("s_q,s_k", [(333, 333), (100, 300), (1, 129), (77, 1)])
 def test_odd_lengths(s_q, s_k):
     check(1, s_q, s_k, 4, 2, 128, True)
+
+
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_v_transposed_in_shared_memory(d, causal, load):
+    """V read as stored and transposed by the producer warpgroup (``v_transpose="smem"``):
+    odd lengths (a last block of 45 keys), GQA, both producers, every head dim; and the
+    same bits as V^T made before the call (the same sums in the same order)."""
+    import torch
+
+    import cutetma
+    from cutetma.fp8_attention import fp8_config
+
+    check(2, 333, 301, 8, 2, d, causal, load, v_transpose="smem")
+    (q8, sq), (k8, sk), (v8, sv) = (quantized(shape, i) for i, shape in enumerate(
+        ((1, 700, 4, d), (1, 700, 4, d), (1, 700, 4, d))))
+    outs = [cutetma.attention_fp8(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv,
+                                  causal=causal, config=fp8_config(d, causal, load,
+                                                                   v_transpose=where))
+            for where in ("smem", "global")]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_gqa():

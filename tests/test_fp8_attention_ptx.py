@@ -121,6 +121,41 @@ def test_fp8_attention_ptx(d, causal, load):
         assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) <= allowed
 
 
+# V transposed in shared memory: dense under both producers, paged under TMA (a 192-key
+# stage of 16-key page boxes) and cp.async (page 17)
+@pytest.mark.parametrize("d,causal,load,page_size", [
+    (128, False, "tma", 0), (128, True, "cp_async", 0), (256, True, "tma", 0),
+    (128, True, "tma", 16), (128, False, "cp_async", 17)])
+def test_fp8_v_transposed_in_shared_memory_ptx(d, causal, load, page_size):
+    """``v_transpose="smem"``: P V still reads a K-major e4m3 V^T, which the producer
+    warpgroup writes from the raw ring: 4-byte shared loads, byte permutes (8 per 4 x 4
+    bytes) and 4-byte shared stores, then a proxy fence before it signals the consumers
+    (their WGMMA reads through the async proxy). One transposing site under TMA (warps 1-3
+    walk the tiles), three under cp.async (after the copies of a tile's first block, of its
+    other blocks, and the last block's after the walk).
+    ptxas neither spills nor serializes."""
+    import shutil
+
+    from cutetma.fp8_attention import fp8_config
+    from cutetma.kernels import build
+
+    cfg = fp8_config(d, causal, load, page_size=page_size, v_transpose="smem")
+    assert cfg.transposes_v and cfg.raw_v_stages >= 2
+    ptx = (build.compile_paged_attention(cfg, "Float8E4M3FN") if page_size else
+           build.compile_attention(cfg, "Float8E4M3FN")).ptx
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
+    assert set(shapes) == {str(cfg.block_n), str(d)}
+    sites = 1 if load == "tma" else 3
+    assert ptx.count("prmt.b32") == 8 * sites
+    assert len(re.findall(r"ld\.shared\.[bu]32", ptx)) >= 4 * sites
+    assert len(re.findall(r"st\.shared\.[bu]32", ptx)) >= 4 * sites
+    assert "fence.proxy.async.shared::cta" in ptx
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert "serialized" not in log
+        assert max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)) == 0
+
+
 def test_attention_fp8_refuses_before_launch():
     """Clear errors before any launch (the ones a CPU tensor reaches: the device is checked
     right after the dtype): a 16-bit input, a 3D one, a CPU one; bad descales."""
@@ -197,3 +232,18 @@ def test_v_transpose_kernel_ptx():
     assert set(re.findall(r"st\.global[.\w]*", ptx)) == {"st.global.v4.b32"}
     assert len(re.findall(r"st\.global\.v4", ptx)) == 2
     assert not re.search(r"\bbra\b", ptx)
+
+
+@pytest.mark.parametrize("d,block_n", [(128, 192), (256, 128), (64, 128)])
+def test_transposer_patch_meets_two_lanes_per_bank(d, block_n):
+    """The transposer's warp patch (4 lanes along d, 8 along the key slots), evaluated on
+    the raw and V^T stage layouts: no load or store instruction has more than 2 lanes on
+    distinct words of one bank; a warp laid along the slots has 8 on its loads, one laid
+    along d 16 on its stores."""
+    from cutetma.kernels.attention.transposer import D_LANES, patch_bank_conflicts
+
+    assert patch_bank_conflicts(d, block_n) == (2, 2) and D_LANES == 4
+    along_d = min(32, d // 4)  # as many lanes along d as a patch can take
+    assert patch_bank_conflicts(d, block_n, along_d)[1] >= 8
+    if block_n % 128 == 0:  # 32 lanes along the slots fit whole patches
+        assert patch_bank_conflicts(d, block_n, 1)[0] >= 8

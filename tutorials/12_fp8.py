@@ -4,7 +4,8 @@ Run: ``python tutorials/12_fp8.py``. On any machine it shows the 128-byte swizzl
 one-byte elements beside two-byte ones, quantises a GEMM to e4m3 with per-tensor and
 row-wise scales (torch on the CPU) to see what each costs in accuracy, compiles the FP8
 GEMM for sm_90a to read its WGMMAs in the PTX, and shows how FP8 attention meets K-major's
-rule for P V (P renamed in place, V^T stored in its key order). On a Hopper GPU it also runs
+rule for P V (P renamed in place, V^T stored in its key order, made in shared memory where
+the cache is paged). On a Hopper GPU it also runs
 ``cutetma.scaled_gemm`` against ``torch._scaled_mm``. From torch::
 
     c = cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
@@ -236,6 +237,18 @@ def attention_key_order() -> bool:
     a[..., slot_keys < 96] = p[..., slot_keys[slot_keys < 96]]  # P as the registers hold it
     same = torch.allclose(a @ vt.transpose(-1, -2), p @ v[0].transpose(0, 1), atol=1e-12)
     print(f"P V with P's slots renamed and V^T stored in that order equals P V: {same}")
+    # a paged cache holds V as (keys, d) rows, so the kernel can also make V^T in shared
+    # memory: the producer warpgroup moves each stage 4 x 4 bytes per lane (4 keys' words in,
+    # 4 d rows' words out); the warp's shape decides its bank conflicts, read off the two
+    # stage layouts (d = 128, a 192-key stage)
+    from cutetma.kernels.attention.transposer import D_LANES, patch_bank_conflicts
+
+    ways = {lanes: patch_bank_conflicts(128, 192, lanes) for lanes in (2, 4, 8, 32)}
+    for lanes, (loads, stores) in ways.items():
+        chosen = "  <- the kernel's" if lanes == D_LANES else ""
+        print(f"V^T in shared memory, a warp {lanes:2d} lanes along d x {32 // lanes:2d} along "
+              f"the keys: {loads}-way loads, {stores}-way stores{chosen}")
+    same = same and ways[D_LANES] == (2, 2)
     path = ROOT / "benchmarks" / "results" / "attention_fp8.json"
     if path.exists():
         summary = json.loads(path.read_text())["meta"].get("summary", {})
@@ -292,7 +305,8 @@ def main() -> int:
           f"cut the worst row's error from {errors['tensor'][1]:.2%} to "
           f"{errors['row'][1]:.2%} here, and blockwise scales the ordinary channels' beside "
           f"10^5x outliers from {block['row']:.2%} to {block['block']:.2%}. In attention, "
-          f"P's e4m3 fragment is read where S's accumulator left it, and V^T is stored in the key order that names. {result} "
+          f"P's e4m3 fragment is read where S's accumulator left it, and V^T is stored in "
+          f"the key order that names. {result} "
           f"{here}".rstrip())
     ok = (equal and renamed and found["tensor"][0] == 4
           and errors["row"][1] < errors["tensor"][1] and block["block"] < block["row"]

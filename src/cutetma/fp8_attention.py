@@ -12,8 +12,10 @@ the descales go to the kernel as one (b, h_kv, 2) fp32 tensor, S's factor (q x k
 the softmax scale and V's multiplying O with the epilogue's 1 / rowsum; P is rounded to e4m3
 for P V (FlashAttention-3's choice: P <= 1 keeps e4m3's range); V goes in as V^T, keys
 contiguous, because WGMMA reads 8-bit B operands K-major only, its keys in the order P's
-registers hold them (``kernels.attention.fp8_operands``; one copy of V per call, made by the
-``VTranspose`` kernel). Dense K/V only: a paged cache would have to be kept transposed.
+registers hold them (``kernels.attention.fp8_operands``): either transposed in shared memory
+by the producer warpgroup from V as stored (``AttentionConfig.v_transpose="smem"``, what a
+paged cache needs: ``kvcache.attention_with_kvcache`` takes e4m3 caches), or made once per
+call by the ``VTranspose`` kernel ("global").
 """
 
 from __future__ import annotations
@@ -90,14 +92,18 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         out.zero_()
         lse.fill_(float("-inf"))
         return (out, lse) if return_lse else out
-    q, k = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
-            for x in (q, k))
-    vt = v_operand(v, cfg.block_n)  # (b, h_kv, d, keys padded), keys contiguous
+    q, k, v = (x if tma_rows_aligned(x) else x.clone(memory_format=torch.contiguous_format)
+               for x in (q, k, v))
+    if cfg.transposes_v:  # V read as stored, transposed in shared memory
+        v_in, v_strides = v, (v.stride(1), v.stride(2), v.stride(0))
+    else:  # V^T (b, h_kv, d, keys padded), keys contiguous
+        v_in = v_operand(v, cfg.block_n)
+        v_strides = (v_in.stride(2), v_in.stride(1), v_in.stride(0))
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     strides = (*(q.stride(i) for i in (1, 2, 0)), *(k.stride(i) for i in (1, 2, 0)),
-               vt.stride(2), vt.stride(1), vt.stride(0), *(out.stride(i) for i in (1, 2, 0)))
+               *v_strides, *(out.stride(i) for i in (1, 2, 0)))
     launch = runtime.fp8_attention_launch(cfg, out_dtype)
-    launch((q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr(),
+    launch((q.data_ptr(), k.data_ptr(), v_in.data_ptr(), out.data_ptr(), lse.data_ptr(),
             descale.data_ptr(), b, s_q, s_k, h, h_kv, d, *strides, scale,
             runtime.sm_count(q.device.index), torch.cuda.current_stream(q.device).cuda_stream))
     return (out, lse) if return_lse else out
@@ -109,12 +115,23 @@ def fp8_config(head_dim: int, causal: bool = False, load: str = "tma", **fields)
     from cutetma.kernels.attention import AttentionConfig
 
     tile = {}
-    if (head_dim, load) in FP8_TILE:
-        block_n, stages = FP8_TILE[head_dim, load]
+    # paged: the producer keeps page ids (40 registers), so the consumers have cp.async's
+    # 232 and take its tiles (d = 256's 128-key one spills and serializes there)
+    budget = "cp_async" if fields.get("page_size") else load
+    if (head_dim, budget) in FP8_TILE:
+        block_n, stages = FP8_TILE[head_dim, budget]
         late = (head_dim, load, causal) in FP8_PV_WAIT_LATE
         tile = {"block_n": block_n, "stages": stages, "pv_wait": "late" if late else "early"}
     return AttentionConfig(**{"head_dim": head_dim, "causal": causal, "load": load,
                               "element_bytes": 1, **tile, **fields})
+
+
+def fp8_paged_load(page_size: int, head_dim: int, causal: bool) -> str:
+    """``load="auto"`` for an e4m3 paged cache: TMA wherever its boxes fit the pages (a
+    box of gcd(page_size, block_n) keys starts on a swizzle atom: a multiple of 8), cp.async
+    otherwise; the 16-bit rule (``tuning.attention.paged_load``) at FP8's key block."""
+    block_n = fp8_config(head_dim, causal, "tma").block_n
+    return "tma" if math.gcd(page_size, block_n) % 8 == 0 else "cp_async"
 
 
 def v_operand(v: torch.Tensor, block_n: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ import dataclasses
 import torch
 
 from cutetma import runtime
+from cutetma.fp8_attention import FP8, OUT_DTYPES, descales, fp8_config, fp8_paged_load
 from cutetma.ops import (
     ATTENTION_HEAD_DIMS,
     GEMM_DTYPES,
@@ -57,7 +58,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            softmax_scale: float | None = None, return_lse: bool = False,
                            load: str = "auto", num_splits: int | None = None,
                            cu_seqlens_q: torch.Tensor | None = None,
-                           max_seqlen_q: int | None = None, check_contents: bool = False):
+                           max_seqlen_q: int | None = None, check_contents: bool = False,
+                           q_descale=None, k_descale=None, v_descale=None,
+                           out_dtype: torch.dtype | None = None):
     """Attention of ``q`` over each sequence's cached keys and values (see the module).
 
     Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32.
@@ -74,7 +77,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     stage) a multiple of 8) or "cp_async" (any page size). ``num_splits``: how many ranges
     each sequence's keys are cut into (None: ``tuning.attention.paged_splits``, from the
     shapes). Runs on the current CUDA stream, with no host synchronisation (CUDA-graph
-    capturable)."""
+    capturable).
+
+    FP8: ``q``, ``k_cache`` and ``v_cache`` all ``torch.float8_e4m3fn``, with descales as
+    FlashAttention-3's (``flash_attn_with_kvcache(..., q_descale=, k_descale=,
+    v_descale=)``): each None (1), a positive number, or a (b, h_kv) fp32 tensor (per
+    sequence and K/V head); ``out_dtype`` bf16 (default) or fp16. The cache is read as
+    stored: V is transposed in shared memory (``AttentionConfig.v_transpose``). Not inside
+    ``torch.compile``."""
+    fp8 = isinstance(q, torch.Tensor) and q.dtype == FP8
+    if not fp8 and (out_dtype is not None or any(
+            x is not None for x in (q_descale, k_descale, v_descale))):
+        raise TypeError("descales and out_dtype go with float8_e4m3fn q, k_cache, v_cache; "
+                        f"q is {getattr(q, 'dtype', type(q).__name__)}")
     if isinstance(cache_seqlens, int):
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -91,19 +106,27 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if check_contents:
         check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
     if torch.compiler.is_compiling():
+        if fp8:
+            raise NotImplementedError("FP8 attention_with_kvcache is not traceable by "
+                                      "torch.compile; call it outside the compiled region")
         out, lse = torch.ops.cutetma.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
             num_splits, cu_seqlens_q, max_seqlen_q)
         return (out, lse) if return_lse else out
     key = plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                    load, num_splits, cu_seqlens_q, max_seqlen_q)
+                    load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                     load, num_splits, cu_seqlens_q, max_seqlen_q)
+                     load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
         if key is not None:
             _PLANS[key] = plan
-    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q)
+    descale = None
+    if fp8:
+        descale = descales(*(1.0 if x is None else x for x in (q_descale, k_descale,
+                                                              v_descale)),
+                           len(cache_seqlens), k_cache.shape[2], q.device)
+    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, descale)
     return (out, lse) if return_lse else out
 
 
@@ -149,16 +172,18 @@ class _PagedPlan:
     combine: object = None
     combine_scalars: tuple = ()  # batch, s_q, heads, splits, out's (seq, head, batch) strides
     varlen: bool = False  # q (total_q, h, d): handled as one batch of total_q rows
+    out_dtype: torch.dtype | None = None  # e4m3: the output's; else q's
 
-    def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q=None):
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q=None,
+                 descale=None):
         if self.varlen:
             out, lse = self._run(q[None], k_cache, v_cache, cache_seqlens, page_table,
-                                 cu_seqlens_q)
+                                 cu_seqlens_q, descale)
             return out[0], lse[0]
-        return self._run(q, k_cache, v_cache, cache_seqlens, page_table, None)
+        return self._run(q, k_cache, v_cache, cache_seqlens, page_table, None, descale)
 
-    def _run(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q):
-        out, lse = attention_outputs(q, empty=self.launch is None)
+    def _run(self, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, descale):
+        out, lse = attention_outputs(q, empty=self.launch is None, dtype=self.out_dtype)
         if self.launch is None:
             return out, lse
         o_into, lse_into = out, lse
@@ -169,9 +194,12 @@ class _PagedPlan:
             lse_into = torch.empty((self.splits * b, h, s_q), device=q.device,
                                    dtype=torch.float32)
         offsets = (cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens).data_ptr()
+        # 16-bit: no descales, the LSE's address in their place (unread)
+        descales_at = (descale if descale is not None else lse_into).data_ptr()
         self.launch((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_into.data_ptr(),
                      lse_into.data_ptr(), page_table.data_ptr(), cache_seqlens.data_ptr())
-                    + self.scalars + (offsets, q.shape[1], _current_stream(q.device)))
+                    + self.scalars + (offsets, q.shape[1], descales_at,
+                                      _current_stream(q.device)))
         if self.splits > 1:
             self.combine((o_into.data_ptr(), lse_into.data_ptr(), out.data_ptr(),
                           lse.data_ptr()) + self.combine_scalars
@@ -187,7 +215,7 @@ def _aligned(x: torch.Tensor) -> bool:
 
 
 def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
-          num_splits, cu_seqlens_q=None, max_seqlen_q=None):
+          num_splits, cu_seqlens_q=None, max_seqlen_q=None, out_dtype=None):
     from cutetma.kernels.attention import AttentionConfig
     from cutetma.kernels.attention.config import SPLIT_KV_UNSUPPORTED
     from cutetma.tuning import attention as attention_tuning
@@ -217,11 +245,17 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                     ("v_cache", v_cache)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got {tuple(t.shape)}")
-        if t.dtype not in GEMM_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}: float16 or bfloat16")
+        if t.dtype not in GEMM_DTYPES + (FP8,):
+            raise TypeError(f"{name} has dtype {t.dtype}: float16, bfloat16 or "
+                            "float8_e4m3fn")
     if not q.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
                         f"{k_cache.dtype}, {v_cache.dtype}")
+    fp8 = q.dtype == FP8
+    if fp8:
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        if out_dtype not in OUT_DTYPES:
+            raise TypeError(f"out_dtype={out_dtype}: one of {OUT_DTYPES}")
     q4 = q[None] if varlen else q  # varlen: one batch of total_q rows
     b, s_q, h, d = q4.shape
     if varlen:
@@ -256,10 +290,11 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits={num_splits!r}: a positive int, or None (automatic)")
     if load == "auto":
-        load = attention_tuning.paged_load(page_size, s_q, d, causal)
+        load = (fp8_paged_load(page_size, d, causal) if fp8 else
+                attention_tuning.paged_load(page_size, s_q, d, causal))
     gemm_tuning.check_load(load)
     pack = attention_tuning.paged_pack_gqa(s_q, h // h_kv)
-    shape = AttentionConfig(head_dim=d, causal=causal)
+    shape = fp8_config(d, causal, load) if fp8 else AttentionConfig(head_dim=d, causal=causal)
     rows, heads = (s_q * (h // h_kv), h_kv) if pack else (s_q, h)
     tiles = -(-rows // shape.block_m) * heads * b
     key_blocks = -(-page_table.shape[1] * page_size // shape.block_n)
@@ -267,10 +302,15 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     splits = num_splits or attention_tuning.paged_splits(tiles, key_blocks, sms)
     if num_splits is None and (d, load, causal) in SPLIT_KV_UNSUPPORTED:
         splits = 1
-    config = AttentionConfig(head_dim=d, causal=causal, load=load, page_size=page_size,
-                             pack_gqa=pack, split_kv=splits > 1, varlen_q=varlen,
-                             pv_wait=attention_tuning.paged_pv_wait(d, causal, pack))
-    plan = _PagedPlan(splits=splits, varlen=varlen)
+    paging = {"page_size": page_size, "pack_gqa": pack, "split_kv": splits > 1,
+              "varlen_q": varlen}
+    if fp8:
+        config = fp8_config(d, causal, load, **paging)
+    else:
+        config = AttentionConfig(head_dim=d, causal=causal, load=load,
+                                 pv_wait=attention_tuning.paged_pv_wait(d, causal, pack),
+                                 **paging)
+    plan = _PagedPlan(splits=splits, varlen=varlen, out_dtype=out_dtype)
     if q.numel() == 0 or page_table.shape[1] == 0 or b == 0:
         return plan
     # O's strides: out is made like q; split_kv's partial is a contiguous (splits b, s_q,
@@ -285,10 +325,10 @@ def _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     plan.scalars = (b, s_q, h, h_kv, d, pages, page_table.shape[1], *strides, scale, sms,
                     splits)
-    plan.launch = runtime.paged_attention_launch(q.dtype, config)
+    plan.launch = runtime.paged_attention_launch(q.dtype, config, out_dtype)
     if splits > 1:
         out_strides = torch.empty_like(q4, device="meta").stride()
-        plan.combine = runtime.combine_launch(q.dtype, d)
+        plan.combine = runtime.combine_launch(out_dtype or q.dtype, d)
         plan.combine_scalars = (out_b, out_s, h, splits, *(out_strides[i] for i in (1, 2, 0)))
     return plan
 

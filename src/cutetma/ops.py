@@ -493,12 +493,13 @@ class _AttentionPlan:
         return out, lse
 
 
-def attention_outputs(q: torch.Tensor, empty: bool = False) -> tuple:
-    """``out`` like ``q`` (b, s_q, h, d) and ``lse`` (b, h, s_q) fp32, for a kernel to fill;
-    ``empty`` (nothing to compute: no query or no key): out 0 and lse -inf, as a row with
-    no key gets."""
+def attention_outputs(q: torch.Tensor, empty: bool = False,
+                      dtype: torch.dtype | None = None) -> tuple:
+    """``out`` like ``q`` (b, s_q, h, d; in ``dtype`` where given) and ``lse`` (b, h, s_q)
+    fp32, for a kernel to fill; ``empty`` (nothing to compute: no query or no key): out 0
+    and lse -inf, as a row with no key gets."""
     b, s_q, h, _ = q.shape
-    out = torch.empty_like(q)
+    out = torch.empty_like(q, dtype=dtype)
     lse = torch.empty(b, h, s_q, device=q.device, dtype=torch.float32)
     if empty:
         out.zero_()

@@ -306,7 +306,8 @@ def compile_attention(cfg, dtype_name: str = "Float16", as_from_dlpack: bool = F
     if dtype.width == 8:  # e4m3: V^T, a bf16 output and the (2, h_kv, b) descales
         descale = make_fake_tensor(cutlass.Float32, (2, cute.sym_int32(), cute.sym_int32()),
                                    (1, 2, cute.sym_int64()), assumed_align=4)
-        return dsl.compile_ptx(kernel.fp8, qkv(), qkv(), v_transposed(),
+        return dsl.compile_ptx(kernel.fp8, qkv(), qkv(),
+                               qkv() if cfg.transposes_v else v_transposed(),
                                qkv(cutlass.BFloat16), lse, descale, cutlass.Float32(0.125),
                                cutlass.Int32(132), make_fake_stream())
     return dsl.compile_ptx(kernel, qkv(), qkv(), qkv(), qkv(), lse, cutlass.Float32(0.125),
@@ -339,12 +340,16 @@ def compile_paged_attention(cfg, dtype_name: str = "Float16"):
                              (cute.sym_int64(), 1), assumed_align=4)
     lengths = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     rows = cute.sym_int32()
-    out = tensor(rows, cutlass.Float32 if cfg.split_kv else dtype)
+    fp8 = dtype.width == 8  # e4m3 pools: a bf16 output and the (2, h_kv, b) descales
+    out = tensor(rows, cutlass.Float32 if cfg.split_kv else (
+        cutlass.BFloat16 if fp8 else dtype))
     offsets = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    descale = make_fake_tensor(cutlass.Float32, (2, cute.sym_int32(), cute.sym_int32()),
+                               (1, 2, cute.sym_int64()), assumed_align=4) if fp8 else None
     return dsl.compile_ptx(FlashAttentionSm90(cfg).paged, tensor(rows), tensor(cfg.page_size),
                            tensor(cfg.page_size), out, lse, table, lengths,
                            cutlass.Float32(0.125), cutlass.Int32(132), cutlass.Int32(1),
-                           offsets, cutlass.Int32(1), make_fake_stream())
+                           offsets, cutlass.Int32(1), make_fake_stream(), descale)
 
 
 def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):

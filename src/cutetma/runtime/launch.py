@@ -131,11 +131,12 @@ class PagedAttentionLaunch(PointerLaunch):
     cache lengths; batch, s_q, heads, kv heads, head dim, pages, max pages; the strides of
     Q (seq, head, batch), the pools (row, head, page), O, the page table's row; the softmax
     scale, the persistent grid's size, the number of splits (split_kv), the query offsets and
-    the total of queries (varlen_q); the stream."""
+    the total of queries (varlen_q), the descales (e4m3: (b, h_kv, 2) fp32; else unread);
+    the stream."""
 
     SLOTS = ((ctypes.c_void_p,) * 7 + (ctypes.c_int32,) * 7 + (ctypes.c_int64,) * 13
              + (ctypes.c_float, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
-                ctypes.c_int32, ctypes.c_void_p))
+                ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p))
 
 
 class BackwardLaunch(PointerLaunch):
@@ -284,21 +285,26 @@ def fp8_attention_launch(cfg, out_dtype: torch.dtype) -> Fp8AttentionLaunch:
     return cached(("fp8_attention", cfg, out_dtype), build)
 
 
-def paged_attention_launch(dtype: torch.dtype, cfg) -> PagedAttentionLaunch:
+def paged_attention_launch(dtype: torch.dtype, cfg,
+                           out_dtype: torch.dtype | None = None) -> PagedAttentionLaunch:
     """The ``PagedAttentionLaunch`` of this (dtype, configuration; the page size is the
-    configuration's), compiled on its first use; sizes and strides are runtime values."""
+    configuration's), compiled on its first use; sizes and strides are runtime values.
+    ``out_dtype``: the output's where it is not ``dtype`` (e4m3 inputs)."""
 
     def build():
         cutlass, stream = _dsl()
-        out = typed_pointer(torch.float32 if cfg.split_kv else dtype)  # split: fp32 partials
+        # split: fp32 partials
+        out = typed_pointer(torch.float32 if cfg.split_kv else (out_dtype or dtype))
         args = (*[typed_pointer(dtype) for _ in range(3)], out, typed_pointer(torch.float32, 4),
                 typed_pointer(torch.int32, 4), typed_pointer(torch.int32, 4),
                 *(1,) * 20, cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1),
-                typed_pointer(torch.int32, 4), cutlass.Int32(1), stream)
+                typed_pointer(torch.int32, 4), cutlass.Int32(1),
+                typed_pointer(torch.float32, 4), stream)
         return _compiled(PagedAttentionLaunch, "cutetma.kernels.attention",
                          "FlashAttentionSm90.paged_from_pointers", (cfg,), repr(cfg), args)
 
-    return cached(("paged_attention", dtype, cfg), build)
+    return cached(("paged_attention", dtype, cfg) + ((out_dtype,) if out_dtype else ()),
+                  build)
 
 
 def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:

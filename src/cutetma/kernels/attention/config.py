@@ -26,6 +26,9 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
 # takes cp.async's budget (ptxas -v on page sizes 16 and 64, causal and not).
 REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
                    ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+# (e4m3 with V transposed in shared memory, ``transposes_v``, keeps these budgets: its
+# transposing loop, one 4 x 4-byte patch per step, fits the producer's 24 registers)
+V_TRANSPOSES = ("smem", "global")
 SCHEDULES = ("serial", "overlap", "pingpong")
 # (head_dim, load, causal) where split_kv is refused: the DSL (4.8.1) crashes compiling it
 # (a segmentation fault in its backend); decode there runs unsplit
@@ -75,6 +78,8 @@ BEST_SCHEDULE = {
 #            ptxas does not hoist it across: the softmax of block j runs under P_{j-1} V_{j-1}.
 PV_WAIT = {64: "early", 128: "early", 256: "late"}
 PV_WAITS = ("early", "late")
+# e4m3, dense K/V: where V is transposed (``AttentionConfig.v_transpose``)
+FP8_V_TRANSPOSE = "global"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +138,27 @@ class AttentionConfig:
     # bytes per Q / K / V element: 2 (fp16, bf16) or 1 (e4m3, ``attention_fp8``): how many
     # K/V stages fit in shared memory (the kernel itself takes the dtype from its tensors)
     element_bytes: int = 2
+    # e4m3 only: where V becomes V^T (WGMMA reads 8-bit B operands K-major only, so P V
+    # needs V with its keys contiguous). "smem": V is read as stored, dense or paged, into
+    # a raw ring, and the producer warpgroup transposes each stage into the ring P V reads
+    # (FlashAttention-3's choice; ``transposer.py``); "global": the torch face makes V^T once
+    # per call (``VTranspose``), dense only. "": "smem" where paged, else FP8_V_TRANSPOSE's
+    v_transpose: str = ""
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim}: 64, 128 or 256")
         if self.element_bytes not in (1, 2):
             raise ValueError(f"element_bytes={self.element_bytes}: 2 (16-bit) or 1 (e4m3)")
+        if self.element_bytes == 2 and self.v_transpose:
+            raise ValueError("v_transpose is an option of e4m3 operands (element_bytes=1)")
+        if self.element_bytes == 1 and not self.v_transpose:
+            object.__setattr__(self, "v_transpose", "smem" if self.paged else FP8_V_TRANSPOSE)
+        if self.v_transpose and self.v_transpose not in V_TRANSPOSES:
+            raise ValueError(f"v_transpose={self.v_transpose!r}: one of {V_TRANSPOSES}")
+        if self.v_transpose == "global" and self.paged:
+            raise ValueError("v_transpose='global' makes V^T of a dense V; a paged cache is "
+                             "transposed in shared memory ('smem')")
         block_m, block_n = BLOCKS[(self.head_dim, self.causal)]
         if not self.block_m:
             object.__setattr__(self, "block_m", block_m)
@@ -195,14 +215,41 @@ class AttentionConfig:
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {smem_capacity() // 1024} KiB of shared memory)")
+        if self.transposes_v and self.consumers != 2:
+            raise ValueError("v_transpose='smem' runs with two consumer warpgroups "
+                             "(block_m=128)")
 
     @property
     def max_stages(self) -> int:
         """K/V stages that fit beside Q's buffers (``element_bytes`` each; 1 KiB left for
-        the barriers)."""
-        q_bytes = self.element_bytes * self.block_m * self.head_dim * self.q_stages
-        kv_bytes = 2 * self.element_bytes * self.block_n * self.head_dim
-        return (smem_capacity() - 1024 - q_bytes) // kv_bytes
+        the barriers) and, where ``transposes_v``, two raw V stages."""
+        return (smem_capacity() - 1024 - self._q_bytes
+                - 2 * self._stage_bytes * self.transposes_v) // (2 * self._stage_bytes)
+
+    @property
+    def raw_v_stages(self) -> int:
+        """``transposes_v``: the depth of the raw V ring (V as stored, before its transpose),
+        as many as fit beside Q and the K / V^T stages, 2 to ``stages`` (the cp.async
+        producer transposes block j - 1 after issuing block j's copies, so it holds two); 0
+        otherwise."""
+        if not self.transposes_v:
+            return 0
+        left = smem_capacity() - 1024 - self._q_bytes - 2 * self.stages * self._stage_bytes
+        return min(self.stages, left // self._stage_bytes)
+
+    @property
+    def _q_bytes(self) -> int:
+        return self.element_bytes * self.block_m * self.head_dim * self.q_stages
+
+    @property
+    def _stage_bytes(self) -> int:
+        """One K or V stage (block_n x d)."""
+        return self.element_bytes * self.block_n * self.head_dim
+
+    @property
+    def transposes_v(self) -> bool:
+        """Whether V is transposed in shared memory (e4m3, ``v_transpose="smem"``)."""
+        return self.v_transpose == "smem"
 
     @property
     def paged(self) -> bool:
@@ -286,6 +333,9 @@ class BackwardConfig:
     # their registers hold it). Late: 2-8% faster at d = 128 on the H200 (docs/design.md,
     # "Attention backward"); where ``splits_d``, dV is issued with dK either way
     dv_issue: str = "late"
+    # with the late dV: a branch between the exp2s and dP^T's wait keeps ptxas from hoisting
+    # the wait above them (it did: 4 of 32 exp2s before it), so P is computed under dP^T
+    hold_dp_wait: bool = True
     # dQ's key-block contributions added in key-block order (each CTA waits for the one
     # before it at every query block: a turn counter per (query block, head, batch)), so
     # the gradients are the same bits every run (torch.use_deterministic_algorithms)

@@ -100,8 +100,8 @@ class Consumers:
         for _ in cutlass.range(lo, hi, unroll=1):
             self.loader.consumer_wait(pipe_k, read)
             self.loader.consumer_release(pipe_k, read)
-            self.loader.consumer_wait(pipe_v, read)
-            self.loader.consumer_release(pipe_v, read)
+            self._v_wait(pipe_v, read)
+            self._v_release(pipe_v, read)
             read.advance()
 
     @cute.jit
@@ -166,12 +166,12 @@ class Consumers:
                 online_softmax(acc_s, correction, row_max, row_sum, scale_log2)
                 rescale(acc_o, correction)
                 self._to_p(acc_s, tOrP_as_s, frags.p_order)
-                self.loader.consumer_wait(pipe_v, read)
+                self._v_wait(pipe_v, read)
                 if j == hi - 1:
                     self._zero_v_tail(sV, read.index, seqlen_k - j * cfg.block_n)
                 self._issue_pv(pv_mma, acc_o, tOrP, tOrV, read.index)
                 warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_v, read)
+                self._v_release(pipe_v, read)
                 read.advance()
         else:
             if hi > lo:
@@ -200,7 +200,7 @@ class Consumers:
                         # edge, which ptxas does not hoist a wait across (PV_WAIT)
                         warpgroup.wait_group(0)
                         if j > lo + 1:
-                            self.loader.consumer_release(pipe_v, release)  # V_{j-2}
+                            self._v_release(pipe_v, release)  # V_{j-2}
                             release.advance()
                     if cutlass.const_expr(cfg.pingpong):
                         self._turn(pass_on=False)
@@ -212,7 +212,7 @@ class Consumers:
                     # S_j, while O takes j-1's rescale
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, q_stage, read.index)
                     rescale(acc_o, correction)
-                    self.loader.consumer_wait(pipe_v, release)
+                    self._v_wait(pipe_v, release)
                     self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)  # P_{j-1} V
                     if cutlass.const_expr(cfg.pingpong):
                         self._turn(pass_on=True)
@@ -228,21 +228,21 @@ class Consumers:
                         # the softmax runs. Written before the softmax instead, the SASS
                         # differs: 2-4% slower at d = 128 (geomean)
                         warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_v, release)  # V_{j-1}
+                        self._v_release(pipe_v, release)  # V_{j-1}
                         release.advance()
                     read.advance()
                 if cutlass.const_expr(cfg.pv_wait == "late"):
                     warpgroup.wait_group(0)  # the loop's last P V
                     if hi - lo > 1:
-                        self.loader.consumer_release(pipe_v, release)
+                        self._v_release(pipe_v, release)
                         release.advance()
                 self._to_p(acc_s, tOrP_as_s, frags.p_order)
                 rescale(acc_o, correction)
-                self.loader.consumer_wait(pipe_v, release)
+                self._v_wait(pipe_v, release)
                 self._zero_v_tail(sV, release.index, seqlen_k - (hi - 1) * cfg.block_n)
                 self._issue_pv(pv_mma, acc_o, tOrP, tOrV, release.index)
                 warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_v, release)
+                self._v_release(pipe_v, release)
         if hi == lo:  # no Q K^T read Q: free it for the next tile's all the same
             cute.arch.mbarrier_arrive(q_empty + q_stage)
         out_batch = batch
@@ -281,7 +281,7 @@ class Consumers:
         zeros (the other may be reading the stage already: it reads the same zeros), then
         orders them before its own WGMMA (proxy fence, the warpgroup's named barrier)."""
         cfg = self.cfg
-        if cutlass.const_expr(cfg.paged and cfg.load == "tma"):
+        if cutlass.const_expr(cfg.paged and cfg.load == "tma" and not cfg.transposes_v):
             if keys < cfg.block_n:
                 tidx, _, _ = cute.arch.thread_idx()
                 sVs = sV[(None, None, stage)]  # (d, block_n)

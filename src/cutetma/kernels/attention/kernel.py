@@ -13,6 +13,7 @@ from cutetma.kernels.attention import scheduler
 from cutetma.kernels.attention.config import LOG2_E, WARPGROUP, AttentionConfig
 from cutetma.kernels.attention.consumers import Consumers
 from cutetma.kernels.attention.producers import Producers
+from cutetma.kernels.attention.transposer import Transposer
 
 cutlass, cute = dsl.cutlass()
 import cutlass.utils.hopper_helpers as sm90  # noqa: E402
@@ -35,10 +36,15 @@ class _Problem:
         self.__dict__.update(sizes)
 
 
-class FlashAttentionSm90(Producers, Consumers):
+class FlashAttentionSm90(Producers, Consumers, Transposer):
     def __init__(self, config: AttentionConfig):
         self.cfg = config
         self.loader = loaders.make_loader(config.load)
+
+    @property
+    def v_load_stages(self) -> int:
+        """Depth of the ring V is loaded into: the raw one where ``transposes_v``."""
+        return self.cfg.raw_v_stages or self.cfg.stages
 
     # ------------------------------------------------------------------------ host
     @cute.jit
@@ -55,8 +61,9 @@ class FlashAttentionSm90(Producers, Consumers):
     def fp8(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
             mLSE: cute.Tensor, mDescale: cute.Tensor, softmax_scale: cutlass.Float32,
             sm_count: cutlass.Int32, stream: cuda.CUstream):
-        """``__call__`` with e4m3 Q, K and V^T (``fp8_operands.transpose_v``: mV is
-        (keys, d, h_kv, b), keys contiguous) and their descale factors: mDescale (2, h_kv, b)
+        """``__call__`` with e4m3 Q, K and V (``transposes_v``: mV as K; else V^T,
+        ``fp8_operands.transpose_v``: mV (keys, d, h_kv, b), keys contiguous) and their
+        descale factors: mDescale (2, h_kv, b)
         fp32, per (K/V head, batch) the factor of the scores (q_descale x k_descale) and of
         the output (v_descale), FlashAttention-3's per-(batch, kv-head) convention."""
         self._launch(mQ, mK, mV, mO, mLSE, None, None, softmax_scale, sm_count, 1, stream,
@@ -67,7 +74,7 @@ class FlashAttentionSm90(Producers, Consumers):
               mLSE: cute.Tensor, mPageTable: cute.Tensor, mSeqlensK: cute.Tensor,
               softmax_scale: cutlass.Float32, sm_count: cutlass.Int32,
               num_splits: cutlass.Int32, mCuSeqlensQ: cute.Tensor, seqlen_q: cutlass.Int32,
-              stream: cuda.CUstream):
+              stream: cuda.CUstream, mDescale: cute.Tensor = None):
         """Paged K/V: mK, mV are the cache pools seen as (page_size, d, h_kv, pages) (the
         torch (pages, page_size, h_kv, d) permuted); mPageTable (b, max_pages) int32 maps a
         sequence's i-th page to a pool page; mSeqlensK (b,) int32 its number of keys. mQ,
@@ -76,9 +83,10 @@ class FlashAttentionSm90(Producers, Consumers):
         at batch index s b + i), for the combine to merge. ``varlen_q``: mQ, mO
         (total_q, d, h, 1), mLSE (total_q, h, 1) (split_kv: batch index s), sequence i's
         queries rows mCuSeqlensQ[i] .. mCuSeqlensQ[i + 1] - 1, at most ``seqlen_q`` of
-        them (else ``seqlen_q`` is unused)."""
+        them (else ``seqlen_q`` is unused). e4m3 pools (``transposes_v``): mDescale as
+        ``fp8``'s."""
         self._launch(mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
-                     num_splits, stream, mCuSeqlensQ, seqlen_q)
+                     num_splits, stream, mCuSeqlensQ, seqlen_q, mDescale)
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mPageTable, mSeqlensK, softmax_scale, sm_count,
@@ -114,11 +122,12 @@ class FlashAttentionSm90(Producers, Consumers):
         qk_tiler = (64, cfg.block_n, cfg.head_dim)
         pv_tiler = (64, cfg.head_dim, cfg.block_n)
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        # e4m3: WGMMA reads 8-bit B operands K-major only, so V comes transposed, keys
-        # contiguous (V^T, in ``fp8_operands.KEY_ORDER``), and P V reads it as K is read
+        # e4m3: WGMMA reads 8-bit B operands K-major only, so P V reads V^T, keys
+        # contiguous (in ``fp8_operands.KEY_ORDER``), as K is read: made before the call
+        # (v_transpose="global") or in shared memory from V as stored ("smem", raw ring)
         fp8 = dtype.width == 8
-        if cutlass.const_expr(fp8 and cfg.paged):
-            raise ValueError("FP8 attention reads V^T: paged caches are not built for it")
+        if cutlass.const_expr(fp8 != (cfg.element_bytes == 1)):
+            raise ValueError(f"element_bytes={cfg.element_bytes} with {dtype} operands")
         qk_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major, k_major, cutlass.Float32,
                                              (cfg.consumers, 1, 1), tiler_mn=qk_tiler[:2])
         pv_mma = sm90.make_trivial_tiled_mma(dtype, dtype, k_major,
@@ -133,6 +142,13 @@ class FlashAttentionSm90(Producers, Consumers):
         sV_layout = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR if fp8 else LayoutEnum.COL_MAJOR,
                                             (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
                                             cfg.stages)
+        # the ring V is loaded into: V's own (P V's), or (transposes_v) the raw ring, laid out
+        # as the 16-bit kernel's V stages (d contiguous)
+        sVload_layout = sV_layout
+        if cutlass.const_expr(cfg.transposes_v):
+            sVload_layout = sm90.make_smem_layout_b(
+                LayoutEnum.COL_MAJOR, (cfg.block_m, cfg.head_dim, cfg.block_n), dtype,
+                cfg.raw_v_stages)
         tma_q, mQ_tma = tma.load_atom(mQ_heads, cute.slice_(sQ_layout, (None, None, 0)),
                                       (cfg.block_m, cfg.head_dim))
         # a K / V box: a whole stage (dense), or kv_box rows of it, each inside one page
@@ -140,7 +156,7 @@ class FlashAttentionSm90(Producers, Consumers):
         # stage's (kv_box is a multiple of the swizzle atom's 8 rows)
         box = cfg.kv_box
         k_box = cute.slice_(sK_layout, (None, None, 0))
-        v_box = cute.slice_(sV_layout, (None, None, 0))
+        v_box = cute.slice_(sVload_layout, (None, None, 0))
         if cutlass.const_expr(cfg.paged):
             # (box, d) inside the stage's (block_n, d) coordinates: d's stride is block_n
             k_box = cute.composition(k_box, cute.make_layout((box, cfg.head_dim),
@@ -149,17 +165,7 @@ class FlashAttentionSm90(Producers, Consumers):
         tma_k, mK_tma = tma.load_atom(mK, k_box, (box, cfg.head_dim))
         tma_v, mV_tma = tma.load_atom(mVt, v_box, (cfg.head_dim, box))
 
-        @cute.struct
-        class Storage:
-            # Q full per buffer, then Q empty per buffer
-            q_barriers: cute.struct.MemRange[cutlass.Int64, 2 * cfg.q_stages]
-            k_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            v_barriers: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
-
-        self.storage = Storage
+        self.storage = self._storage(dtype, sQ_layout, sK_layout, sV_layout, sVload_layout)
         walk_rows = max_seqlen_q * group_q if cutlass.const_expr(cfg.varlen_q) else (
             cute.size(mQ, mode=[0]))
         batches = mSeqlensK.shape[0] if cutlass.const_expr(cfg.varlen_q) else mQ.shape[3]
@@ -178,9 +184,31 @@ class FlashAttentionSm90(Producers, Consumers):
             mDescale = mLSE
         self.kernel(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mQ, mK, mVt, mO, mLSE,
                     mPageTable, mSeqlensK, qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout,
-                    mK.shape[0], softmax_scale * LOG2_E, num_splits, mCuSeqlensQ,
+                    sVload_layout, mK.shape[0], softmax_scale * LOG2_E, num_splits, mCuSeqlensQ,
                     max_seqlen_q, mDescale).launch(
             grid=grid, block=(cfg.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    def _storage(self, dtype, sQ_layout, sK_layout, sV_layout, sVraw_layout):
+        """The kernel's shared memory: barriers (Q full then empty per buffer, a full and an
+        empty per stage), then Q, K and V (P V's) stages and, where ``transposes_v``, the
+        raw V ring (``sVraw_layout``) and its barriers. (Built from an annotation dict:
+        this module's annotations are strings, which ``cute.struct`` does not read.)"""
+        cfg = self.cfg
+
+        def barriers(count):
+            return cute.struct.MemRange[cutlass.Int64, count]
+
+        def buffer(layout):
+            return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], 1024]
+
+        fields = {"q_barriers": barriers(2 * cfg.q_stages),
+                  "k_barriers": barriers(2 * cfg.stages), "v_barriers": barriers(2 * cfg.stages)}
+        if cfg.transposes_v:
+            fields["v_raw_barriers"] = barriers(2 * cfg.raw_v_stages)
+        fields.update(sQ=buffer(sQ_layout), sK=buffer(sK_layout), sV=buffer(sV_layout))
+        if cfg.transposes_v:
+            fields["sVraw"] = buffer(sVraw_layout)
+        return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
     @cute.jit
     def from_pointers(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer,
@@ -225,12 +253,12 @@ class FlashAttentionSm90(Producers, Consumers):
                                                  o_b)
         self.fp8(mQ, mK, mV, mO, mLSE, mDescale, softmax_scale, sm_count, stream)
 
-    @staticmethod
-    def _dense_views(pQ, pK, pV, pO, pLSE, batch, seqlen_q, seqlen_k, heads, heads_kv,
+    def _dense_views(self, pQ, pK, pV, pO, pLSE, batch, seqlen_q, seqlen_k, heads, heads_kv,
                      head_dim, q_s, q_h, q_b, k_s, k_h, k_b, v_s, v_h, v_b, o_s, o_h, o_b):
         """Q, K, V, O as (s, d, h, b) views of (b, s, h, d) tensors (e4m3 V: V^T, keys
         contiguous, ``v_s`` d's stride) and the LSE (s_q, h, b) of a contiguous (b, h, s_q)
-        one: what ``from_pointers`` and ``fp8_from_pointers`` hand their entries."""
+        one: what ``from_pointers`` and ``fp8_from_pointers`` hand their entries (e4m3 V
+        as K where ``transposes_v``)."""
         def view(pointer, seqlen, count, s, h, b):  # (b, s, h, d) -> (s, d, h, b)
             return cute.make_tensor(pointer, cute.make_layout(
                 (seqlen, head_dim, count, batch), stride=(s, 1, h, b)))
@@ -239,7 +267,7 @@ class FlashAttentionSm90(Producers, Consumers):
         mLSE = cute.make_tensor(pLSE, cute.make_layout(
             (seqlen_q, heads, batch), stride=(1, per_head, per_head * cutlass.Int64(heads))))
         mV = view(pV, seqlen_k, heads_kv, v_s, v_h, v_b)
-        if cutlass.const_expr(pV.dtype.width == 8):
+        if cutlass.const_expr(pV.dtype.width == 8 and not self.cfg.transposes_v):
             # e4m3: V^T (b, h_kv, d, keys in whole 32-key chunks), keys contiguous, ``v_s``
             # d's stride (fp8_operands.transpose_v)
             keys = (seqlen_k + 31) // 32 * 32
@@ -263,7 +291,7 @@ class FlashAttentionSm90(Producers, Consumers):
                             table_b: cutlass.Int64, softmax_scale: cutlass.Float32,
                             sm_count: cutlass.Int32, num_splits: cutlass.Int32,
                             pCuSeqlensQ: cute.Pointer, total_q: cutlass.Int32,
-                            stream: cuda.CUstream):
+                            pDescale: cute.Pointer, stream: cuda.CUstream):
         """``paged`` from base pointers, sizes and strides: Q, O (b, s_q, h, d); the pools
         (pages, page_size, h_kv, d) with (row, head, page) strides; the page table
         (b, max_pages) with row stride ``table_b``; the cache lengths (b,) contiguous; the
@@ -272,7 +300,8 @@ class FlashAttentionSm90(Producers, Consumers):
         (total_q, h, d) (their batch stride unused), the LSE (h, total_q) (split_kv: O
         (num_splits, total_q, h, d), the LSE (num_splits, h, total_q)), the query offsets
         (b + 1,) contiguous, ``seqlen_q`` the longest sequence's queries; else the offsets
-        and ``total_q`` are unused."""
+        and ``total_q`` are unused. e4m3 pools: the descales a contiguous (b, h_kv, 2) fp32
+        tensor at ``pDescale`` (16-bit: unread)."""
         def view(pointer, rows, count, outer, s, h, b):  # -> (rows, d, h, outer)
             return cute.make_tensor(pointer, cute.make_layout(
                 (rows, head_dim, count, outer), stride=(s, 1, h, b)))
@@ -291,11 +320,15 @@ class FlashAttentionSm90(Producers, Consumers):
                                                               stride=(table_b, 1)))
         lengths = cute.make_tensor(pSeqlensK, cute.make_layout((batch,), stride=(1,)))
         size = self.cfg.page_size
+        mDescale = None
+        if cutlass.const_expr(pQ.dtype.width == 8):
+            mDescale = cute.make_tensor(pDescale, cute.make_layout(
+                (2, heads_kv, batch), stride=(1, 2, 2 * heads_kv)))
         self.paged(view(pQ, q_rows, heads, q_batch, q_s, q_h, q_b),
                    view(pK, size, heads_kv, pages, k_s, k_h, k_p),
                    view(pV, size, heads_kv, pages, v_s, v_h, v_p),
                    view(pO, q_rows, heads, out_batch, o_s, o_h, o_b), mLSE, table, lengths,
-                   softmax_scale, sm_count, num_splits, offsets, seqlen_q, stream)
+                   softmax_scale, sm_count, num_splits, offsets, seqlen_q, stream, mDescale)
 
     @staticmethod
     def _aligned_strides(mX: cute.Tensor):
@@ -337,7 +370,8 @@ class FlashAttentionSm90(Producers, Consumers):
                mSeqlensK: cute.Tensor, qk_mma: cute.TiledMma,
                pv_mma: cute.TiledMma, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               seqlen_k: cutlass.Int32, scale_log2: cutlass.Float32, num_splits: cutlass.Int32,
+               sVload_layout: cute.ComposedLayout, seqlen_k: cutlass.Int32,
+               scale_log2: cutlass.Float32, num_splits: cutlass.Int32,
                mCuSeqlensQ: cute.Tensor, max_seqlen_q: cutlass.Int32,
                mDescale: cute.Tensor):
         cfg = self.cfg
@@ -361,15 +395,23 @@ class FlashAttentionSm90(Producers, Consumers):
         q_full = storage.q_barriers.data_ptr()  # buffer i: q_full + i, q_empty + i
         q_empty = q_full + cfg.q_stages
         k_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sK_layout, (None, None, 0)))
-        v_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sV_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sVload_layout, (None, None, 0)))
         q_bytes = cute.size_in_bytes(mQ.element_type, cute.slice_(sQ_layout, (None, None, 0)))
         # K and V each have their own ring (same depth, filled in lockstep): a consumer frees
         # K_j as soon as S_j is computed and V_j after P V, so the producer can run ahead
         # even when an overlapped iteration holds V_{j-1} and K_j at once
         pipe_k = self.loader.make_pipeline(storage.k_barriers.data_ptr(), cfg.stages,
                                            WARPGROUP, 4 * cfg.consumers, k_bytes)
-        pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
-                                           WARPGROUP, 4 * cfg.consumers, v_bytes)
+        # transposes_v: V lands in the raw ring (pipe_v_load) and P V reads the V^T ring
+        # (pipe_v) the producer warpgroup fills from it (``transposer.py``)
+        sVload = sV
+        if cutlass.const_expr(cfg.transposes_v):
+            sVload = storage.sVraw.get_tensor(sVload_layout.outer, swizzle=sVload_layout.inner)
+            pipe_v_load, pipe_v = self.make_v_rings(storage, v_bytes)
+        else:
+            pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
+                                               WARPGROUP, 4 * cfg.consumers, v_bytes)
+            pipe_v_load = pipe_v
         if warp == 0:
             with cute.arch.elect_one():
                 for i in cutlass.range_constexpr(cfg.q_stages):
@@ -399,16 +441,44 @@ class FlashAttentionSm90(Producers, Consumers):
             cute.arch.setmaxregister_decrease(producer_regs)
             if cutlass.const_expr(cfg.load == "tma"):
                 if warp == 0:
-                    self.produce(pipe_k, pipe_v, q_full, q_empty, q_bytes, tma_q, mQ_tma, tma_k,
-                                 mK_tma, tma_v, mV_tma, mQ, sQ, sK, sV, mPageTable, mSeqlensK,
-                                 items, prob)
+                    self.produce(pipe_k, pipe_v_load, q_full, q_empty, q_bytes, tma_q, mQ_tma,
+                                 tma_k, mK_tma, tma_v, mV_tma, mQ, sQ, sK, sVload, mPageTable,
+                                 mSeqlensK, items, prob)
+                if cutlass.const_expr(cfg.transposes_v):
+                    if warp > 0:  # warps 1-3 transpose what warp 0 loads
+                        self.transpose_walk(pipe_v_load, pipe_v, sVload, sV, mSeqlensK, items,
+                                            prob, tidx - 32)
             else:
-                self.produce_cp_async(pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                                      mPageTable, mSeqlensK, items, prob)
+                transpose = None
+                if cutlass.const_expr(cfg.transposes_v):
+                    def transpose(count):
+                        self.transpose_block(pipe_v_load, pipe_v, sVload, sV, count,
+                                             cfg.block_n, tidx)
+                self.produce_cp_async(pipe_k, pipe_v_load, q_full, q_empty, mQ, mK, mVt, sQ, sK,
+                                      sVload, mPageTable, mSeqlensK, items, prob, transpose)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe_k, pipe_v, q_full, q_empty, qk_mma, pv_mma, sQ, sK, sV, mO, mLSE,
                          mSeqlensK, items, prob, scale_log2)
+
+    @cute.jit
+    def _v_wait(self, pipe_v, state):
+        """A consumer's wait for P V's stage: the loader's, or (``transposes_v``) the V^T
+        ring's (the transposer fenced its stores already)."""
+        if cutlass.const_expr(self.cfg.transposes_v):
+            pipe_v.consumer_wait(state)
+        else:
+            self.loader.consumer_wait(pipe_v, state)
+
+    @cute.jit
+    def _v_release(self, pipe_v, state):
+        """A consumer's release of P V's stage: the loader's, or (``transposes_v``) lane 0
+        of each warp on the V^T ring."""
+        if cutlass.const_expr(self.cfg.transposes_v):
+            if cute.arch.lane_idx() == 0:
+                pipe_v.consumer_release(state)
+        else:
+            self.loader.consumer_release(pipe_v, state)
 
     def _q_arrivals(self) -> int:
         """Arrivals that fill a Q buffer: the loader's (TMA: one, with the bytes), or
@@ -476,12 +546,13 @@ class FlashAttentionSm90(Producers, Consumers):
         offset[0] = (0, q_start) if cutlass.const_expr(self.cfg.pack_gqa) else q_start
         return cute.domain_offset(tuple(offset), mX)
 
-    def _ring(self, done, producer: bool = False):
+    def _ring(self, done, producer: bool = False, stages: int = 0):
         """The pipeline state after ``done`` key blocks, rebuilt from that count at each
         tile: a state advanced inside a helper's or a branch's staged loop does not reliably
         come back out of it (the tracer rebuilds such objects), while a plain Int32 count
-        does. Producers start on phase 1 (every stage empty), consumers on 0."""
-        stages = self.cfg.stages
+        does. Producers start on phase 1 (every stage empty), consumers on 0. ``stages``:
+        the ring's depth where it is not the K ring's (the raw V ring of ``transposes_v``)."""
+        stages = stages or self.cfg.stages
         phase = (done // stages) % 2
         if producer:
             phase = 1 - phase

@@ -139,12 +139,15 @@ class Producers:
 
     @cute.jit
     def produce_cp_async(self, pipe_k, pipe_v, q_full, q_empty, mQ, mK, mVt, sQ, sK, sV,
-                         mPageTable, mSeqlensK, items, prob):
+                         mPageTable, mSeqlensK, items, prob,
+                         transpose: cutlass.Constexpr = None):
         """A warpgroup, per tile: Q, K_j and V_j (``_produce_tile``'s order), 16 bytes per
         cp.async into the same swizzled stages; each thread arrives (noinc) when its copies
         land. Key rows past s_k are zeros in V (P is 0 there, and 0 * garbage can be NaN);
         in K they are masked. Paged: each 16-byte vector's source row comes from the page
-        table (the paper's cp.async-paged variant), one load per lane per block."""
+        table (the paper's cp.async-paged variant), one load per lane per block.
+        ``transpose`` (``transposes_v``: sV is the raw V ring): transposes the count-th key
+        block's V (``_produce_kv``)."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
 
@@ -236,15 +239,17 @@ class Producers:
 
             return load_q, load_k, load_v, refill
 
-        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders)
+        self._produce_walk(pipe_k, pipe_v, q_empty, mSeqlensK, items, prob, tile_loaders,
+                           transpose)
 
     @cute.jit
     def _produce_walk(self, pipe_k, pipe_v, q_empty, mSeqlensK, items, prob,
-                      tile_loaders: cutlass.Constexpr):
+                      tile_loaders: cutlass.Constexpr, transpose: cutlass.Constexpr = None):
         """The producer's walk over this CTA's tiles, both mechanisms: ``tile_loaders(m_block,
         head, batch, keys)`` gives that tile's (load_q, load_k, load_v), traced once inside the
         iteration, so what they capture is this tile's; the ring position is carried as a
-        plain count of key blocks (``_ring``), then the rings' tails."""
+        plain count of key blocks (``_ring``), then (``transpose``) the last block's V
+        transpose and the rings' tails."""
         cfg = self.cfg
         local = cutlass.Int32(0)  # tiles this CTA has done
         done = cutlass.Int32(0)  # key blocks this CTA has loaded: the ring's position
@@ -258,16 +263,20 @@ class Producers:
                                                               tile.q_start, tile.rows)
                 tile = self._key_blocks(tile, prob)
                 self._produce_tile(pipe_k, pipe_v, q_empty, local, done, tile.lo, tile.hi,
-                                   load_q, load_k, load_v, refill)
+                                   load_q, load_k, load_v, refill, transpose)
                 done += tile.hi - tile.lo
                 local += 1
+        if cutlass.const_expr(transpose is not None):
+            if done > 0:
+                transpose(done - 1)
         pipe_k.producer_tail(self._ring(done, producer=True))
-        pipe_v.producer_tail(self._ring(done, producer=True))
+        pipe_v.producer_tail(self._ring(done, producer=True, stages=self.v_load_stages))
 
     @cute.jit
     def _produce_tile(self, pipe_k, pipe_v, q_empty, local, done, lo, hi,
                       load_q: cutlass.Constexpr, load_k: cutlass.Constexpr,
-                      load_v: cutlass.Constexpr, refill: cutlass.Constexpr):
+                      load_v: cutlass.Constexpr, refill: cutlass.Constexpr,
+                      transpose: cutlass.Constexpr = None):
         """One tile's loads, the same order for every mechanism: K_0 and V_0 first (they
         need only a free stage, so they overlap the consumers' last blocks of the previous
         tile), then Q once the consumers have finished reading the Q that buffer held before
@@ -275,22 +284,26 @@ class Producers:
         remaining key blocks (blocks lo .. hi - 1)."""
         first = cutlass.min(hi - lo, 1)
         self._produce_kv(pipe_k, pipe_v, self._ring(done, producer=True), lo, lo + first, load_k,
-                         load_v, refill)
+                         load_v, refill, transpose)
         q_stage, q_phase = self._q_slot(local)
         if local >= self.cfg.q_stages:  # this buffer's previous tile has been read
             cute.arch.mbarrier_wait(q_empty + q_stage, 1 - q_phase)
         load_q(q_stage)
         self._produce_kv(pipe_k, pipe_v, self._ring(done + first, producer=True), lo + first,
-                         hi, load_k, load_v, refill)
+                         hi, load_k, load_v, refill, transpose)
 
     @cute.jit
     def _produce_kv(self, pipe_k, pipe_v, state, start, stop, load_k: cutlass.Constexpr,
-                    load_v: cutlass.Constexpr, refill: cutlass.Constexpr = None):
+                    load_v: cutlass.Constexpr, refill: cutlass.Constexpr = None,
+                    transpose: cutlass.Constexpr = None):
         """The K/V schedule: for key blocks start..stop-1 take the next empty K stage,
         ``load_k`` into it, commit, then the same for V (TMA: the bytes complete the barrier,
         a no-op here; cp.async: each thread arrives when its copies land). ``state`` is the
-        ring position of block ``start`` (the same in both rings); the caller rebuilds its own
-        from counts (``_ring``). Paged TMA (``refill``): the warp keeps the pages of 32 boxes
+        ring position of block ``start`` (the same in both rings, but a raw V ring, where
+        ``transposes_v``, has its own depth); the caller rebuilds its own from counts
+        (``_ring``). ``transpose``
+        (``transposes_v`` under cp.async): after block j's copies are issued, block j - 1's
+        V is transposed. Paged TMA (``refill``): the warp keeps the pages of 32 boxes
         in its lanes, refilled when a block's boxes run past them, so a box costs a shuffle,
         not a dependent page-table load; paged cp.async: each block's pages, a load per lane,
         looked up before the wait for its stage and shuffled to the copies."""
@@ -298,7 +311,11 @@ class Producers:
         pages = cutlass.Int32(-1)
         first_box = cutlass.Int32(-64)  # no box is cached yet
         boxed = refill is not None and self.cfg.load == "tma"
+        raw_v = None  # transposes_v: the raw V ring's position (a depth of its own)
+        if cutlass.const_expr(self.cfg.transposes_v):
+            raw_v = self._ring(state.count, producer=True, stages=self.v_load_stages)
         for j in cutlass.range(start, stop, unroll=1):
+            v_state = state if cutlass.const_expr(raw_v is None) else raw_v
             if cutlass.const_expr(boxed):
                 if j * boxes + boxes > first_box + 32:
                     first_box = j * boxes
@@ -311,10 +328,15 @@ class Producers:
             else:
                 load_k(j, state)
             pipe_k.producer_commit(state)
-            pipe_v.producer_acquire(state)
+            pipe_v.producer_acquire(v_state)
             if cutlass.const_expr(boxed):
-                load_v(j, state, pages, first_box)
+                load_v(j, v_state, pages, first_box)
             else:
-                load_v(j, state)
-            pipe_v.producer_commit(state)
+                load_v(j, v_state)
+            pipe_v.producer_commit(v_state)
+            if cutlass.const_expr(transpose is not None):
+                if state.count > 0:
+                    transpose(state.count - 1)
             state.advance()
+            if cutlass.const_expr(raw_v is not None):
+                raw_v.advance()
