@@ -247,3 +247,71 @@ def test_transposer_patch_meets_two_lanes_per_bank(d, block_n):
     assert patch_bank_conflicts(d, block_n, along_d)[1] >= 8
     if block_n % 128 == 0:  # 32 lanes along the slots fit whole patches
         assert patch_bank_conflicts(d, block_n, 1)[0] >= 8
+
+
+def _prmt(a, b, selector):
+    """PTX's prmt.b32 (default mode): byte i of the result is byte (selector >> 4 i) & 7 of
+    the pair (b:a)."""
+    pool = [(a >> 8 * i) & 255 for i in range(4)] + [(b >> 8 * i) & 255 for i in range(4)]
+    return sum(pool[(selector >> 4 * i) & 7] << 8 * i for i in range(4))
+
+
+@pytest.mark.parametrize("d,block_n,threads", [(128, 192, 96), (128, 192, 128),
+                                               (256, 128, 96), (256, 96, 128), (64, 128, 96)])
+def test_transposer_writes_v_transposed_in_key_order(d, block_n, threads):
+    """The transposer's index math and byte permutes, replayed on the host over the two stage
+    layouts (their 4-byte views as the kernel's recast takes them): every byte of the V^T
+    stage is written exactly once, with the value of the key its slot names
+    (``key_of_slot``), for TMA's 96 transposing threads and cp.async's 128."""
+    from cutetma import dsl
+    from cutetma.kernels.attention import transposer as t
+    from cutetma.kernels.attention.fp8_operands import key_of_slot
+
+    cutlass, cute = dsl.cutlass()
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.tensor_utils import LayoutEnum
+
+    def layouts():
+        shape, f8 = (128, d, block_n), cutlass.Float8E4M3FN
+        raw = cute.slice_(sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, shape, f8, 1),
+                          (None, None, 0))
+        vt = cute.slice_(sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, shape, f8, 1),
+                         (None, None, 0))
+        words = (cute.recast_layout(32, 8, raw), cute.recast_layout(32, 8, vt))
+        return ({(x, k): raw((x, k)) for x in range(d) for k in range(block_n)},
+                {(x, w): words[0]((x, w)) for x in range(d // 4) for w in range(block_n)},
+                {(x, s): vt((x, s)) for x in range(d) for s in range(block_n)},
+                {(x, w): words[1]((x, w)) for x in range(d) for w in range(block_n // 4)})
+
+    raw, raw_words, vt, vt_words = dsl.on_host(layouts)
+    value = {(x, k): (7 * x + 13 * k) % 251 + 1 for x in range(d) for k in range(block_n)}
+    memory = bytearray(d * block_n)
+    for at, offset in raw.items():
+        memory[offset] = value[at]
+    written = bytearray(d * block_n)
+    stores = 0
+    warps, d_patches = threads // 32, d // t.PATCH_D
+    patches = d_patches * (block_n // t.PATCH_SLOTS)
+    for tid in range(threads):
+        lane, warp = tid % 32, tid // 32
+        for step in range(-(-patches // warps)):
+            patch = warp + step * warps
+            if patch >= patches:
+                continue
+            d_word = patch % d_patches * t.D_LANES + lane % t.D_LANES
+            slot_word = patch // d_patches * (t.PATCH_SLOTS // 4) + lane // t.D_LANES
+            key0 = t.first_key(slot_word)
+            words = [int.from_bytes(memory[4 * raw_words[d_word, key0 + k]:][:4], "little")
+                     for k in t.KEY_STEP]
+            low = (_prmt(words[0], words[1], t.PAIR_LOW), _prmt(words[2], words[3], t.PAIR_LOW))
+            high = (_prmt(words[0], words[1], t.PAIR_HIGH),
+                    _prmt(words[2], words[3], t.PAIR_HIGH))
+            for b, (pair, select) in enumerate(((low, t.ROW_EVEN), (low, t.ROW_ODD),
+                                                (high, t.ROW_EVEN), (high, t.ROW_ODD))):
+                offset = 4 * vt_words[4 * d_word + b, slot_word]
+                assert not any(written[offset:offset + 4]), "a V^T word written twice"
+                written[offset:offset + 4] = _prmt(*pair, select).to_bytes(4, "little")
+                stores += 1
+    assert 4 * stores == d * block_n
+    assert all(written[vt[x, s]] == value[x, key_of_slot(s)]
+               for x in range(d) for s in range(block_n))

@@ -37,6 +37,11 @@ from cutlass import pipeline  # noqa: E402
 
 # slot 4 g + i of a 16-slot group holds key 2 g + KEY_STEP[i] (``fp8_operands.KEY_ORDER``)
 KEY_STEP = (0, 1, 8, 9)
+# prmt selectors: a pair of words (keys i, i + 1) -> their bytes 0 and 1 (LOW) or 2 and 3
+# (HIGH) interleaved; two such pairs -> the words of d rows 4 w + 0, 1 (from LOW) and 2, 3
+# (from HIGH): byte i of row b's word is key i's byte b
+PAIR_LOW, PAIR_HIGH = 0x5140, 0x7362
+ROW_EVEN, ROW_ODD = 0x5410, 0x7632
 # a warp's patch: D_LANES lanes along d (4 bytes each), 32 / D_LANES along the slots (4 each)
 D_LANES = 4
 PATCH_D, PATCH_SLOTS = 4 * D_LANES, 4 * (32 // D_LANES)
@@ -162,13 +167,13 @@ class Transposer:
                                                    cutlass.Int32(0))
                 # byte b of word i is (d 4 d_word + b, key i): out word b gathers byte b of
                 # each, key i into byte i
-                low01 = cutlass.Int32(cute.arch.prmt(words[0], words[1], 0x5140))
-                low23 = cutlass.Int32(cute.arch.prmt(words[2], words[3], 0x5140))
-                high01 = cutlass.Int32(cute.arch.prmt(words[0], words[1], 0x7362))
-                high23 = cutlass.Int32(cute.arch.prmt(words[2], words[3], 0x7362))
+                low01 = cutlass.Int32(cute.arch.prmt(words[0], words[1], PAIR_LOW))
+                low23 = cutlass.Int32(cute.arch.prmt(words[2], words[3], PAIR_LOW))
+                high01 = cutlass.Int32(cute.arch.prmt(words[0], words[1], PAIR_HIGH))
+                high23 = cutlass.Int32(cute.arch.prmt(words[2], words[3], PAIR_HIGH))
                 row = 4 * d_word
-                for b, (pair, select) in enumerate(((0, 0x5410), (0, 0x7632), (1, 0x5410),
-                                                    (1, 0x7632))):
+                for b, (pair, select) in enumerate(((0, ROW_EVEN), (0, ROW_ODD), (1, ROW_EVEN),
+                                                    (1, ROW_ODD))):
                     halves = (low01, low23) if pair == 0 else (high01, high23)
                     vt_words[row + b, slot_word] = cutlass.Int32(
                         cute.arch.prmt(halves[0], halves[1], select))
