@@ -113,3 +113,24 @@ def test_matches_dense_fp8():
     with pytest.raises(TypeError, match="out_dtype"):
         cutetma.attention_with_kvcache(q, k.reshape(-1, 128, h, d), v.reshape(-1, 128, h, d),
                                        lens, table, out_dtype=torch.float32)
+
+
+def test_torch_compile_fullgraph():
+    """Inside torch.compile the FP8 call is the custom op, descales per (sequence, K/V head)
+    included: one graph, the eager numbers."""
+    import torch
+
+    import cutetma
+
+    k, v, table, lens = fp8_cache(2, [300, 700], 64, 2, 128)
+    q = torch.randn(2, 4, 8, 128, device="cuda").to(torch.float8_e4m3fn)
+    sk = torch.tensor([[0.5, 1.0], [2.0, 0.25]], device="cuda")
+
+    def layer(q):
+        return cutetma.attention_with_kvcache(q, k, v, lens, table, causal=True,
+                                              q_descale=0.5, k_descale=sk,
+                                              out_dtype=torch.float16) * 2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    out = compiled(q)
+    assert out.dtype == torch.float16 and torch.equal(out, layer(q))

@@ -139,6 +139,14 @@ def test_custom_op_fake_shapes():
     out, lse = torch.ops.cutetma.attention_with_kvcache(varlen, cache, cache, lens, table,
                                                         True, None, "auto", None, cu, 4)
     assert out.shape == varlen.shape and lse.shape == (8, 7)
+    # e4m3: the descales travel packed (b, h_kv, 2); out in out_dtype (bf16 by default)
+    q8, cache8 = q.to(torch.float8_e4m3fn), cache.to(torch.float8_e4m3fn)
+    descale = torch.empty(2, 2, 2, device="meta")
+    for out_dtype, expected in ((None, torch.bfloat16), (torch.float16, torch.float16)):
+        out, lse = torch.ops.cutetma.attention_with_kvcache(
+            q8, cache8, cache8, lens, table, True, None, "auto", None, None, None, descale,
+            out_dtype)
+        assert out.shape == q.shape and out.dtype == expected and lse.shape == (2, 8, 3)
 
 
 def test_pack_gqa_gathers_q_rows_and_split_kv_writes_fp32_partials():

@@ -83,8 +83,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     FlashAttention-3's (``flash_attn_with_kvcache(..., q_descale=, k_descale=,
     v_descale=)``): each None (1), a positive number, or a (b, h_kv) fp32 tensor (per
     sequence and K/V head); ``out_dtype`` bf16 (default) or fp16. The cache is read as
-    stored: V is transposed in shared memory (``AttentionConfig.v_transpose``). Not inside
-    ``torch.compile``."""
+    stored: V is transposed in shared memory (``AttentionConfig.v_transpose``)."""
     fp8 = isinstance(q, torch.Tensor) and q.dtype == FP8
     if not fp8 and (out_dtype is not None or any(
             x is not None for x in (q_descale, k_descale, v_descale))):
@@ -105,29 +104,33 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                   device=k_cache.device)[:, None]
     if check_contents:
         check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
+    def packed_descales():  # (b, h_kv, 2) fp32 from torch ops: torch.compile traces it too
+        if not fp8:
+            return None
+        return descales(*(1.0 if x is None else x for x in (q_descale, k_descale, v_descale)),
+                        len(cache_seqlens), k_cache.shape[2], q.device)
+
     if torch.compiler.is_compiling():
-        if fp8:
-            raise NotImplementedError("FP8 attention_with_kvcache is not traceable by "
-                                      "torch.compile; call it outside the compiled region")
         out, lse = torch.ops.cutetma.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
-            num_splits, cu_seqlens_q, max_seqlen_q)
+            num_splits, cu_seqlens_q, max_seqlen_q, packed_descales(), out_dtype)
         return (out, lse) if return_lse else out
-    key = plan_key(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                    load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
+    plan = _cached_plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                        load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
+    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q,
+                    packed_descales())
+    return (out, lse) if return_lse else out
+
+
+def _cached_plan(*args):
+    """``_plan(*args)``, cached per problem (``plan_key``)."""
+    key = plan_key(*args)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
-        plan = _plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                     load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
+        plan = _plan(*args)
         if key is not None:
             _PLANS[key] = plan
-    descale = None
-    if fp8:
-        descale = descales(*(1.0 if x is None else x for x in (q_descale, k_descale,
-                                                              v_descale)),
-                           len(cache_seqlens), k_cache.shape[2], q.device)
-    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, descale)
-    return (out, lse) if return_lse else out
+    return plan
 
 
 _PLANS: dict = {}
@@ -342,20 +345,24 @@ def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool = False,
                 softmax_scale: float | None = None, load: str = "auto",
                 num_splits: int | None = None, cu_seqlens_q: torch.Tensor | None = None,
-                max_seqlen_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                max_seqlen_q: int | None = None, descale: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens,
-    page_table, causal, softmax_scale, load, num_splits, cu_seqlens_q, max_seqlen_q) ->
-    (out, lse)``: the call inside ``torch.compile``."""
-    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
-                                  causal=causal, softmax_scale=softmax_scale,
-                                  return_lse=True, load=load, num_splits=num_splits,
-                                  cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    page_table, causal, softmax_scale, load, num_splits, cu_seqlens_q, max_seqlen_q,
+    descale, out_dtype) -> (out, lse)``: the call inside ``torch.compile``; ``descale`` the
+    FP8 kernel's (b, h_kv, 2) factors (``fp8_attention.descales``), None for 16-bit."""
+    plan = _cached_plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                        load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
+    return plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, descale)
 
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, page_table, causal=False, softmax_scale=None,
-      load="auto", num_splits=None, cu_seqlens_q=None, max_seqlen_q=None):
+      load="auto", num_splits=None, cu_seqlens_q=None, max_seqlen_q=None, descale=None,
+      out_dtype=None):
+    dtype = (out_dtype or torch.bfloat16) if q.dtype == FP8 else q.dtype
     if cu_seqlens_q is not None:  # q (total_q, h, d)
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return (q.new_empty(q.shape, dtype=dtype),
+                q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
     b, s_q, h, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty((b, h, s_q), dtype=torch.float32)
