@@ -150,6 +150,14 @@ def test_fp8_v_transposed_in_shared_memory_ptx(d, causal, load, page_size):
     assert len(re.findall(r"ld\.shared\.[bu]32", ptx)) >= 4 * sites
     assert len(re.findall(r"st\.shared\.[bu]32", ptx)) >= 4 * sites
     assert "fence.proxy.async.shared::cta" in ptx
+    # both rings are swizzled: each transposing site's word addresses carry the XOR (a view
+    # whose swizzle sat in its pointer lost it in the recast: every V^T byte misplaced)
+    lines = ptx.splitlines()
+    for at in [i for i, line in enumerate(lines) if "prmt.b32" in line][::8]:
+        loads = max(i for i in range(at) if "mbarrier.try_wait" in lines[i])
+        stores = [i for i in range(at, len(lines)) if "st.shared.b32" in lines[i]][3]
+        assert sum("xor.b32" in line for line in lines[loads:at]) >= 1
+        assert sum("xor.b32" in line for line in lines[at:stores]) >= 1
     if shutil.which("ptxas"):
         log = build.ptxas_log(ptx)
         assert "serialized" not in log
@@ -260,7 +268,7 @@ def _prmt(a, b, selector):
                                                (256, 128, 96), (256, 96, 128), (64, 128, 96)])
 def test_transposer_writes_v_transposed_in_key_order(d, block_n, threads):
     """The transposer's index math and byte permutes, replayed on the host over the two stage
-    layouts (their 4-byte views as the kernel's recast takes them): every byte of the V^T
+    layouts (their 4-byte views as the kernel builds them, ``stage_words``): every byte of the V^T
     stage is written exactly once, with the value of the key its slot names
     (``key_of_slot``), for TMA's 96 transposing threads and cp.async's 128."""
     from cutetma import dsl
@@ -277,7 +285,7 @@ def test_transposer_writes_v_transposed_in_key_order(d, block_n, threads):
                           (None, None, 0))
         vt = cute.slice_(sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, shape, f8, 1),
                          (None, None, 0))
-        words = (cute.recast_layout(32, 8, raw), cute.recast_layout(32, 8, vt))
+        words = (t.stage_words(raw), t.stage_words(vt))
         return ({(x, k): raw((x, k)) for x in range(d) for k in range(block_n)},
                 {(x, w): words[0]((x, w)) for x in range(d // 4) for w in range(block_n)},
                 {(x, s): vt((x, s)) for x in range(d) for s in range(block_n)},

@@ -52,6 +52,14 @@ def first_key(slot_word):
     return slot_word // 4 * 16 + slot_word % 4 * 2
 
 
+def stage_words(byte_layout):
+    """A stage layout of 1-byte elements seen as 4-byte words (mode 0 / 4 where it is
+    contiguous, the swizzle scaled with it: S<3,4,3> on bytes is S<3,2,3> on words). The
+    kernel's word views are built on it over plain pointers: ``recast_tensor`` of a tensor
+    whose swizzle sits in its pointer drops the swizzle."""
+    return cute.recast_layout(32, 8, byte_layout)
+
+
 def patch_bank_conflicts(head_dim: int, block_n: int, d_lanes: int = D_LANES):
     """(loads, stores): the most lanes of one warp instruction that meet in a bank on
     distinct words, over a whole stage, when a warp's lanes take ``d_lanes`` 4-byte words
@@ -105,13 +113,23 @@ class Transposer:
             defer_sync=True)
         return raw, vt
 
+    @cute.jit
+    def word_views(self, storage, raw_layout, vt_layout):
+        """The raw ring and the V^T ring as 4-byte words (``stage_words``)."""
+        raw = cute.make_tensor(cute.recast_ptr(storage.sVraw.data_ptr(), dtype=cutlass.Int32),
+                               stage_words(raw_layout))
+        vt = cute.make_tensor(cute.recast_ptr(storage.sV.data_ptr(), dtype=cutlass.Int32),
+                              stage_words(vt_layout))
+        return raw, vt
+
     @property
     def transposing_threads(self) -> int:
         """TMA: warps 1-3 of the producer warpgroup; cp.async: all four."""
         return 96 if self.cfg.load == "tma" else 128
 
     @cute.jit
-    def transpose_walk(self, pipe_raw, pipe_vt, sVraw, sVt, mSeqlensK, items, prob, tid):
+    def transpose_walk(self, pipe_raw, pipe_vt, raw_words, vt_words, mSeqlensK, items, prob,
+                       tid):
         """TMA: the transposing warps (``tid`` 0 .. 95) walk this CTA's tiles as the
         consumers do and transpose every key block's V as it lands."""
         cfg = self.cfg
@@ -122,33 +140,31 @@ class Transposer:
             for half in cutlass.range(scheduler.item_tiles(cfg, item, prob.rows), unroll=1):
                 tile = self._key_blocks(self._tile(item, half, prob, mSeqlensK), prob)
                 for j in cutlass.range(tile.lo, tile.hi, unroll=1):
-                    self.transpose_block(pipe_raw, pipe_vt, sVraw, sVt, done + j - tile.lo,
+                    self.transpose_block(pipe_raw, pipe_vt, raw_words, vt_words, done + j - tile.lo,
                                          tile.kv_len - j * cfg.block_n, tid)
                 done += tile.hi - tile.lo
         pipe_vt.producer_tail(self._ring(done, producer=True))
 
     @cute.jit
-    def transpose_block(self, pipe_raw, pipe_vt, sVraw, sVt, count, keys, tid):
+    def transpose_block(self, pipe_raw, pipe_vt, raw_words, vt_words, count, keys, tid):
         """The ``count``-th key block of this CTA: raw stage -> V^T stage. ``keys``: the
         block's keys inside its sequence (paged TMA: slots of keys past them get zeros)."""
         raw_state = self._ring(count, stages=self.cfg.raw_v_stages)
         vt_state = self._ring(count, producer=True)
         self.loader.consumer_wait(pipe_raw, raw_state)
         pipe_vt.producer_acquire(vt_state)
-        self._transpose_stage(sVraw[(None, None, raw_state.index)],
-                              sVt[(None, None, vt_state.index)], keys, tid)
+        self._transpose_stage(raw_words[(None, None, raw_state.index)],
+                              vt_words[(None, None, vt_state.index)], keys, tid)
         # st.shared is the generic proxy, WGMMA reads through the async one
         cute.arch.fence_view_async_shared()
         pipe_vt.producer_commit(vt_state)
         self.loader.consumer_release(pipe_raw, raw_state)
 
     @cute.jit
-    def _transpose_stage(self, raw, vt, keys, tid):
-        """``raw`` (d, block_n) -> ``vt`` (d, block_n) with slot s holding key
+    def _transpose_stage(self, raw_words, vt_words, keys, tid):
+        """``raw_words`` (d / 4, block_n) -> ``vt_words`` (d, block_n / 4), slot s holding key
         ``key_of_slot(s)``, by ``transposing_threads`` threads (the module docstring)."""
         cfg = self.cfg
-        raw_words = cute.recast_tensor(raw, cutlass.Int32)  # (d / 4, block_n)
-        vt_words = cute.recast_tensor(vt, cutlass.Int32)  # (d, block_n / 4)
         lane, warp = tid % 32, tid // 32
         warps = self.transposing_threads // 32
         d_patches = cfg.head_dim // PATCH_D
