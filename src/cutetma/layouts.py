@@ -22,6 +22,13 @@ sector. Two conversions make CuTe agree with the hardware:
   log2 w, 3>``, which is equivalent as long as ``w <= 16``.
 
 ``placement(spec, "layout")`` shows the wrong one, so the difference stays visible.
+
+The same trap in a kernel: ``cute.recast_tensor`` of a tensor whose swizzle sits in its
+pointer (8-bit stages read as 4-byte words) computes addresses from the outer layout alone,
+without the XOR. A word view is built instead over a plain pointer with the swizzle in its
+layout, ``recast_layout(32, 8, composed)``, which scales the swizzle with the element
+(``Swizzle<3,4,3>`` on bytes is ``Swizzle<3,2,3>`` on words; FP8 attention's V transposer,
+``kernels/attention/transposer.stage_words``).
 """
 
 from __future__ import annotations
