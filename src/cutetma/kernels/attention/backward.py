@@ -518,8 +518,6 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
             for i in ops.cols.values_of[j]:
                 acc_s[i] = cute.math.exp2(acc_s[i] * ops.scale_log2 - lse, fastmath=True)
         dsums = self._per_column(ops.smem.sD, ops.tScS, ops.cols, stage) if narrow else None
-        if cutlass.const_expr(cfg.hold_dp_wait and not dv_early and not cfg.splits_d):
-            self._zero_past_queries(acc_s, ops.tScS, m * cfg.block_m, ops.tile)
         ops.tPr_as_s.store(acc_s.load().to(dtype))
         buf = (m - ops.tile.m_lo) % 2
         if cutlass.const_expr(cfg.splits_d):
@@ -579,17 +577,6 @@ class FlashAttentionBackwardSm90(BackwardProducers, BackwardOutputs):
         unrolled while tracing."""
         base = tScS[0][1]
         return [(j, sX[base + col, stage]) for j, col in enumerate(cols.cols)]
-
-    @cute.jit
-    def _zero_past_queries(self, acc_s, tScS, q0, tile):
-        """P = 0 for queries past s_q (already 0: their LSE is +inf), in the last query block
-        only: a branch between the exp2s and dP^T's wait, which ptxas does not hoist the
-        wait above, so the exp2s run while dP^T's WGMMAs do."""
-        cfg = self.cfg
-        if q0 + cfg.block_m > tile.seqlen_q:
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                if q0 + tScS[i][1] >= tile.seqlen_q:
-                    acc_s[i] = cutlass.Float32(0.0)
 
     @cute.jit
     def _mask(self, acc_s, tScS, key0, q0, tile):

@@ -333,9 +333,6 @@ class BackwardConfig:
     # their registers hold it). Late: 2-8% faster at d = 128 on the H200 (docs/design.md,
     # "Attention backward"); where ``splits_d``, dV is issued with dK either way
     dv_issue: str = "late"
-    # with the late dV: a branch between the exp2s and dP^T's wait keeps ptxas from hoisting
-    # the wait above them (it did: 4 of 32 exp2s before it), so P is computed under dP^T
-    hold_dp_wait: bool = True
     # dQ's key-block contributions added in key-block order (each CTA waits for the one
     # before it at every query block: a turn counter per (query block, head, batch)), so
     # the gradients are the same bits every run (torch.use_deterministic_algorithms)
