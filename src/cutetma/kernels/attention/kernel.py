@@ -405,10 +405,10 @@ class FlashAttentionSm90(Producers, Consumers, Transposer):
         # transposes_v: V lands in the raw ring (pipe_v_load) and P V reads the V^T ring
         # (pipe_v) the producer warpgroup fills from it (``transposer.py``)
         sVload = sV
-        vraw_words = vt_words = None
+        v_rings = None
         if cutlass.const_expr(cfg.transposes_v):
             sVload = storage.sVraw.get_tensor(sVload_layout.outer, swizzle=sVload_layout.inner)
-            vraw_words, vt_words = self.word_views(storage, sVload_layout, sV_layout)
+            v_rings = self.word_rings(storage, sVload_layout, sV_layout)
             pipe_v_load, pipe_v = self.make_v_rings(storage, v_bytes)
         else:
             pipe_v = self.loader.make_pipeline(storage.v_barriers.data_ptr(), cfg.stages,
@@ -448,14 +448,14 @@ class FlashAttentionSm90(Producers, Consumers, Transposer):
                                  mSeqlensK, items, prob)
                 if cutlass.const_expr(cfg.transposes_v):
                     if warp > 0:  # warps 1-3 transpose what warp 0 loads
-                        self.transpose_walk(pipe_v_load, pipe_v, vraw_words, vt_words,
-                                            mSeqlensK, items, prob, tidx - 32)
+                        self.transpose_walk(pipe_v_load, pipe_v, v_rings, mSeqlensK, items,
+                                            prob, tidx - 32)
             else:
                 transpose = None
                 if cutlass.const_expr(cfg.transposes_v):
                     def transpose(count):
-                        self.transpose_block(pipe_v_load, pipe_v, vraw_words, vt_words,
-                                             count, cfg.block_n, tidx)
+                        self.transpose_block(pipe_v_load, pipe_v, v_rings, count,
+                                             cfg.block_n, tidx)
                 self.produce_cp_async(pipe_k, pipe_v_load, q_full, q_empty, mQ, mK, mVt, sQ, sK,
                                       sVload, mPageTable, mSeqlensK, items, prob, transpose)
         else:
