@@ -283,23 +283,27 @@ def summarize(rows) -> dict:
 
 
 def plot(rows, path: Path):
-    """Prefill TFLOP/s against page size (one panel per mask), decode TB/s per cell."""
+    """Prefill TFLOP/s against page size (one panel per mask), decode TB/s per cell (a
+    third panel, where the run has decode rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     styles = {"tma": ("C0", "o-"), "cp_async": ("C1", "s--"), "fa4": ("C2", "^:")}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    dec = [r for r in rows if r["phase"] == "decode"]
+    fig, axes = plt.subplots(1, 3 if dec else 2, figsize=(15 if dec else 10, 4.2))
+    dtypes = sorted({r["dtype"] for r in rows})
     for ax, causal in zip(axes[:2], (False, True), strict=True):
-        for dtype in sorted({r["dtype"] for r in rows}):
+        for dtype in dtypes:
             mine = sorted((r for r in rows if r["phase"] == "prefill" and r["causal"] == causal
                            and r["dtype"] == dtype), key=lambda r: r["page_size"])
             for key, (color, style) in styles.items():
                 xs = [r["page_size"] for r in mine if r.get(key)]
                 if xs:
                     ax.plot(xs, [r[key] for r in mine if r.get(key)], style, color=color,
-                            label=f"{key} {dtype}", alpha=1 if dtype == "bfloat16" else 0.5)
+                            label=f"{key} {dtype}",
+                            alpha=1 if dtype == "bfloat16" or len(dtypes) == 1 else 0.5)
             dense = [r["dense"] for r in mine if r.get("dense")]
             if dense:
                 ax.axhline(statistics.median(dense), color="gray", lw=0.8)
@@ -309,7 +313,10 @@ def plot(rows, path: Path):
         ax.set_title(f"prefill b4 s4k h32/8 d128, {'causal' if causal else 'non-causal'} "
                      "(gray: dense)", fontsize=9)
         ax.legend(fontsize=7)
-    dec = [r for r in rows if r["phase"] == "decode"]
+    if not dec:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        return
     labels = [f"b{r['b']}\n{r['s'] // 1024}k\np{r['page_size']}" for r in dec]
     for i, key in enumerate(styles):
         ax = axes[2]

@@ -78,7 +78,8 @@ BEST_SCHEDULE = {
 #            ptxas does not hoist it across: the softmax of block j runs under P_{j-1} V_{j-1}.
 PV_WAIT = {64: "early", 128: "early", 256: "late"}
 PV_WAITS = ("early", "late")
-# e4m3, dense K/V: where V is transposed (``AttentionConfig.v_transpose``)
+# e4m3, dense K/V: where V is transposed (``AttentionConfig.v_transpose``); the two tie
+# at d = 128, s 4k-8k (docs/design.md, "V^T in shared memory")
 FP8_V_TRANSPOSE = "global"
 
 

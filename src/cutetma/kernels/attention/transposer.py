@@ -32,9 +32,9 @@ time. A swizzle XORs low address bits with higher ones, so where the origin's an
 unswizzled offsets share no bit below the swizzle's span, the swizzled sum is the
 origin's swizzled offset XOR the step's, plus the step's part above the span: a thread
 evaluates the layouts once per stage and each access costs one XOR (the layout evaluated
-per access cost ~20 integer instructions each, taking the consumers' issue slots and
-running FP8 attention at 40% of its speed). ``transpose_plan`` checks that identity for
-every thread and access on the layouts themselves.
+per access cost ~20 integer instructions each, in warps that share the schedulers with the
+consumers: FP8 attention ran at 40-45% of its speed). ``transpose_plan`` checks that
+identity for every thread and access on the layouts themselves.
 """
 
 from __future__ import annotations
