@@ -27,7 +27,8 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
 REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
                    ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
 # (e4m3 with V transposed in shared memory, ``transposes_v``, keeps these budgets: its
-# transposing loop, one 4 x 4-byte patch per step, fits the producer's 24 registers)
+# transposing steps fit the producer's 24 registers, a dense tile's walk parking 16-60
+# bytes of addresses on the stack)
 V_TRANSPOSES = ("smem", "global")
 SCHEDULES = ("serial", "overlap", "pingpong")
 # (head_dim, load, causal) where split_kv is refused: the DSL (4.8.1) crashes compiling it
