@@ -16,9 +16,10 @@ ring P V reads (FlashAttention-3's in-shared-memory transpose)::
 Who transposes: under TMA, warps 1-3 of the producer warpgroup, walking the tiles as the
 consumers do (warp 0 only issues loads, as in the 16-bit kernel); under cp.async the 128
 copying threads, block j - 1 right after issuing block j's copies (so they never wait on
-copies they have just issued; hence two raw stages at least). Keys past a paged sequence
-are written as zeros (a TMA box brings whatever the page holds there; P is 0 there and
-0 x NaN is NaN); dense TMA and cp.async bring zeros already.
+copies they have just issued; hence two raw stages at least; they do wait on the previous
+iteration's, which holds the paged cp.async arm near half TMA's speed, ``paged_fp8.json``).
+Keys past a paged sequence are written as zeros (a TMA box brings whatever the page holds
+there; P is 0 there and 0 x NaN is NaN); dense TMA and cp.async bring zeros already.
 
 A warp takes a 16 (d) x 32 (key slot) patch, lane l the 4 x 4 bytes at d 4 (l % 4), slots
 4 (l / 4): with the raw stage's swizzle and V^T's, each of its 4-byte loads and stores meets
@@ -27,7 +28,8 @@ fewest of the patch shapes; a warp's 32 lanes along the slots meet 8 ways on the
 along d 16 on the stores (``patch_bank_conflicts`` evaluates them on the layouts).
 
 The warps split a stage into equal runs of patches, along the slots or along d
-(``transpose_plan``), so a thread's accesses are its origin plus offsets known at compile
+(``transpose_plan``; where neither divides, fewer warps take them: 2 of TMA's 3 at d = 256's
+128-key stage), so a thread's accesses are its origin plus offsets known at compile
 time. A swizzle XORs low address bits with higher ones, so where the origin's and a step's
 unswizzled offsets share no bit below the swizzle's span, the swizzled sum is the
 origin's swizzled offset XOR the step's, plus the step's part above the span: a thread
