@@ -210,13 +210,18 @@ def with_paged_pv_wait(key, choice: str, call):
         kvcache.clear_plans()
 
 
+# every row carries each contender's column (None where it did not run), so a reader of
+# paged.json finds the same keys in every row
+COLUMNS = ("tma", "cp_async", "auto", "dense", "fa4", "ceiling_tbps")
+
+
 def timed_row(problem, causal: bool, loads, row: dict, work: float, rounds: int,
               fa4_dense: bool = False) -> dict:
     """Every column checked against our dense kernel, then timed (``work`` per ms)."""
     columns = contenders(problem, causal, loads, row, fa4_dense)
     want = columns["dense"]()
     time_columns(checked(columns, want, row), row, work, rounds)
-    return row
+    return {**dict.fromkeys(COLUMNS), **row}
 
 
 def prefill_row(dtype: str, causal: bool, page_size: int, rounds: int) -> dict:

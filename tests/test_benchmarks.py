@@ -412,6 +412,21 @@ def test_paged_summary_keeps_float8_apart():
         {f"prefill_tma_over_cp_async_{paged.FP8}"})
 
 
+@pytest.mark.parametrize("name", ["paged", "paged_fp8"])
+def test_paged_rows_carry_every_column(name):
+    """paged.json's rows read back by the keys the paged-KV issue names: every row has
+    each contender's column (None where it did not run) and its shape, phase and unit."""
+    import json
+
+    import paged
+
+    keys = {"phase", "dtype", "causal", "b", "s_q", "ctx", "h", "h_kv", "d", "page_size",
+            "unit", *paged.COLUMNS}
+    rows = json.loads((BENCHMARKS / "results" / f"{name}.json").read_text())["rows"]
+    assert rows and all(keys <= row.keys() for row in rows)
+    assert all(row["tma"] for row in rows)  # TMA ran everywhere
+
+
 def test_peer_columns_summarize_and_peer_cells_join_the_grid():
     """The peers' geomeans: cutetma's default over QuACK (gemm.py) and TMA over
     FlashAttention-4 (attention.py); ``--peer-cells`` adds the cells where they led."""
