@@ -16,8 +16,7 @@ ring P V reads (FlashAttention-3's in-shared-memory transpose)::
 Who transposes: under TMA, warps 1-3 of the producer warpgroup, walking the tiles as the
 consumers do (warp 0 only issues loads, as in the 16-bit kernel); under cp.async the 128
 copying threads, block j - 1 right after issuing block j's copies (so they never wait on
-copies they have just issued; hence two raw stages at least; they do wait on the previous
-iteration's, which holds the paged cp.async arm near half TMA's speed, ``paged_fp8.json``).
+copies they have just issued; hence two raw stages at least).
 Keys past a paged sequence are written as zeros (a TMA box brings whatever the page holds
 there; P is 0 there and 0 x NaN is NaN); dense TMA and cp.async bring zeros already.
 
