@@ -106,6 +106,13 @@ def test_register_budgets_fit_the_register_file():
     for head_dim in (64, 128, 256):
         cfg = AttentionConfig(head_dim=head_dim)
         assert ("tma", cfg.consumers) in REGISTERS
+    from cutetma.kernels.attention.config import PAIR_REGISTERS, PRODUCER_REGISTERS
+
+    assert PAIR_REGISTERS == 3 * (64 * 1024 // (3 * WARPGROUP)) // 8 * 8
+    for producer in PRODUCER_REGISTERS:  # ``producer_registers``: the consumers take the rest
+        budget = AttentionConfig(producer_registers=producer).registers
+        assert budget[0] == producer and producer + 2 * budget[1] <= PAIR_REGISTERS
+        assert all(r % 8 == 0 and 24 <= r <= 256 for r in budget)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

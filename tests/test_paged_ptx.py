@@ -71,6 +71,24 @@ def test_paged_tma_keeps_wgmma_async_without_spills(page_size):
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
+def test_producer_registers_give_the_consumers_the_rest():
+    """``producer_registers``: the paged TMA producer at FlashAttention-3's 24 (where its
+    page-id cache fits: a whole-stage page) hands the consumers 240, as the dense kernel's
+    do, and still neither spills nor serializes; other budgets are refused."""
+    cfg = AttentionConfig(page_size=128, producer_registers=24)
+    assert cfg.registers == (24, 240) and AttentionConfig(page_size=128).registers == (40, 232)
+    ptx = build.compile_paged_attention(cfg, "BFloat16").ptx
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    log = build.ptxas_log(ptx)
+    assert "C7512" not in log and re.search(r"\b0 bytes spill stores", log), log
+    for wrong in ({"page_size": 128, "producer_registers": 28},
+                  {"head_dim": 64, "block_m": 192, "producer_registers": 24}):
+        with pytest.raises(ValueError, match="producer_registers"):
+            AttentionConfig(**wrong)
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
                     reason="needs ptxas and nvdisasm (CUDA toolkit)")
 @pytest.mark.parametrize("page_size,causal,decode", [(16, False, False), (16, True, False),

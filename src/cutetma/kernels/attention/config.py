@@ -26,6 +26,10 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
 # takes cp.async's budget (ptxas -v on page sizes 16 and 64, causal and not).
 REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
                    ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+# ``AttentionConfig.producer_registers``: a producer budget beside two consumers sharing
+# what a 384-thread launch holds per (producer, consumer, consumer) thread triple
+PAIR_REGISTERS = 504
+PRODUCER_REGISTERS = (24, 32, 40, 48)
 # (e4m3 with V transposed in shared memory, ``transposes_v``, keeps these budgets: its
 # transposing steps fit the producer's 24 registers, a dense tile's walk parking 16-60
 # bytes of addresses on the stack)
@@ -146,6 +150,10 @@ class AttentionConfig:
     # (FlashAttention-3's choice; ``transposer.py``); "global": the torch face makes V^T once
     # per call (``VTranspose``), dense only. "": "smem" where paged, else FP8_V_TRANSPOSE's
     v_transpose: str = ""
+    # the producer warpgroup's setmaxnreg budget with two consumer warpgroups, which take the
+    # rest of the launch's 504 per (producer, consumer) pair (24 -> 240, 40 -> 232); 0:
+    # REGISTERS / REGISTERS_PAGED's. A/Bs of the paged TMA producer's 40 (docs/design.md)
+    producer_registers: int = 0
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256):
@@ -217,6 +225,10 @@ class AttentionConfig:
         if not 2 <= self.stages <= self.max_stages:
             raise ValueError(f"stages={self.stages}: 2 .. {self.max_stages} (Q and the K/V "
                              f"stages share {smem_capacity() // 1024} KiB of shared memory)")
+        if self.producer_registers and (self.consumers != 2 or self.producer_registers
+                                        not in PRODUCER_REGISTERS):
+            raise ValueError(f"producer_registers={self.producer_registers}: one of "
+                             f"{PRODUCER_REGISTERS}, with two consumer warpgroups")
         if self.transposes_v and self.consumers != 2:
             raise ValueError("v_transpose='smem' runs with two consumer warpgroups "
                              "(block_m=128)")
@@ -266,7 +278,11 @@ class AttentionConfig:
 
     @property
     def registers(self) -> tuple[int, int]:
-        """setmaxnreg's (producer, each consumer) budget (``REGISTERS``)."""
+        """setmaxnreg's (producer, each consumer) budget (``REGISTERS``, or
+        ``producer_registers`` and the rest)."""
+        if self.producer_registers:
+            producer = self.producer_registers
+            return producer, (PAIR_REGISTERS - producer) // 2 // 8 * 8
         return (REGISTERS_PAGED if self.paged else REGISTERS)[(self.load, self.consumers)]
 
     @property
