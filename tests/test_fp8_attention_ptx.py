@@ -284,16 +284,8 @@ def test_transposer_writes_v_transposed_in_key_order(d, block_n, threads):
     from cutetma.kernels.attention import transposer as t
     from cutetma.kernels.attention.fp8_operands import key_of_slot
 
-    cutlass, cute = dsl.cutlass()
-    import cutlass.utils.hopper_helpers as sm90
-    from cutlass.tensor_utils import LayoutEnum
-
     def layouts():
-        shape, f8 = (128, d, block_n), cutlass.Float8E4M3FN
-        raw = cute.slice_(sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, shape, f8, 1),
-                          (None, None, 0))
-        vt = cute.slice_(sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, shape, f8, 1),
-                         (None, None, 0))
+        raw, vt = t.stage_layouts(d, block_n)
         words = (t.stage_words(raw), t.stage_words(vt))
         return ({(x, k): raw((x, k)) for x in range(d) for k in range(block_n)},
                 {(x, w): words[0]((x, w)) for x in range(d // 4) for w in range(block_n)},

@@ -241,7 +241,7 @@ def attention_key_order() -> bool:
     # memory: the producer warpgroup moves each stage 4 x 4 bytes per lane (4 keys' words in,
     # 4 d rows' words out); the warp's shape decides its bank conflicts, read off the two
     # stage layouts (d = 128, a 192-key stage)
-    from cutetma.kernels.attention.transposer import D_LANES, patch_bank_conflicts
+    from cutetma.kernels.attention.transposer import D_LANES, host_plan, patch_bank_conflicts
 
     ways = {lanes: patch_bank_conflicts(128, 192, lanes) for lanes in (2, 4, 8, 32)}
     for lanes, (loads, stores) in ways.items():
@@ -253,7 +253,7 @@ def attention_key_order() -> bool:
     # thread's origin and a step share no unswizzled bit below the swizzle's span, the
     # swizzled sum is origin XOR step (plus the step's part above the span). Each warp takes
     # an equal run of patches, the steps are compiled in, and an access is one XOR.
-    plan = transpose_plan_of(128, 192, 96)
+    plan = host_plan(128, 192, 96)
     print(f"TMA's 3 transposing warps: {plan.d_patches} x {plan.slot_patches} patches each "
           f"({'along the key slots' if plan.along_slots else 'along d'}), "
           f"{len(plan.loads)} steps; step 1's loads at origin ^ "
@@ -270,26 +270,6 @@ def attention_key_order() -> bool:
             print(f"H200 (attention_fp8.json): FP8 {ratio:.2f}x our bf16 kernel, s >= 4k"
                   + (f" ({per_d})" if per_d else ""))
     return swap and same
-
-
-def transpose_plan_of(head_dim: int, block_n: int, threads: int):
-    """The kernel's ``transpose_plan`` over one raw stage and one V^T stage (4-byte views of
-    the layouts the kernel builds), evaluated on the host."""
-    from cutetma import dsl
-    from cutetma.kernels.attention import transposer
-
-    cutlass, cute = dsl.cutlass()
-    import cutlass.utils.hopper_helpers as sm90
-    from cutlass.tensor_utils import LayoutEnum
-
-    def build():
-        shape, f8 = (128, head_dim, block_n), cutlass.Float8E4M3FN
-        stages = [transposer.stage_words(cute.slice_(sm90.make_smem_layout_b(
-            major, shape, f8, 1), (None, None, 0)))
-            for major in (LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR)]
-        return transposer.transpose_plan(*stages, head_dim, block_n, threads)
-
-    return dsl.on_host(build)
 
 
 def on_gpu() -> str:

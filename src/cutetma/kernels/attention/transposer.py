@@ -73,20 +73,36 @@ def stage_words(byte_layout):
     return cute.recast_layout(32, 8, byte_layout)
 
 
+def stage_layouts(head_dim: int, block_n: int):
+    """(raw stage, V^T stage): one stage of each ring as the kernel lays it out (1-byte
+    elements; the raw one d contiguous, V^T keys contiguous), for host evaluation inside a
+    trace (``dsl.on_host``)."""
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.tensor_utils import LayoutEnum
+
+    shape, f8 = (128, head_dim, block_n), cutlass.Float8E4M3FN
+    return tuple(cute.slice_(sm90.make_smem_layout_b(major, shape, f8, 1), (None, None, 0))
+                 for major in (LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR))
+
+
+def host_plan(head_dim: int, block_n: int, threads: int):
+    """The kernel's ``transpose_plan`` for these sizes, evaluated on the host."""
+    def build():
+        return transpose_plan(*(stage_words(x) for x in stage_layouts(head_dim, block_n)),
+                              head_dim, block_n, threads)
+
+    return dsl.on_host(build)
+
+
 def patch_bank_conflicts(head_dim: int, block_n: int, d_lanes: int = D_LANES):
     """(loads, stores): the most lanes of one warp instruction that meet in a bank on
     distinct words, over a whole stage, when a warp's lanes take ``d_lanes`` 4-byte words
     along d and 32 / ``d_lanes`` along the key slots; evaluated on the two stage layouts
     the kernel uses (the raw ring's, d contiguous; V^T's, keys contiguous) on the host."""
-    import cutlass.utils.hopper_helpers as sm90
-    from cutlass.tensor_utils import LayoutEnum
-
     def offsets():
-        shape, f8 = (128, head_dim, block_n), cutlass.Float8E4M3FN
-        raw = sm90.make_smem_layout_b(LayoutEnum.COL_MAJOR, shape, f8, 1)
-        vt = sm90.make_smem_layout_b(LayoutEnum.ROW_MAJOR, shape, f8, 1)
-        return ([[raw((d, k, 0)) for k in range(block_n)] for d in range(0, head_dim, 4)],
-                [[vt((d, s, 0)) for s in range(0, block_n, 4)] for d in range(head_dim)])
+        raw, vt = stage_layouts(head_dim, block_n)
+        return ([[raw((d, k)) for k in range(block_n)] for d in range(0, head_dim, 4)],
+                [[vt((d, s)) for s in range(0, block_n, 4)] for d in range(head_dim)])
 
     raw, vt = dsl.on_host(offsets)
 
