@@ -354,15 +354,16 @@ def test_late_wait_computes_p_once_in_the_paged_causal_kernel():
     assert attention_tuning.paged_pv_wait(128, True, pack_gqa=True) == ""  # decode: not timed
 
 
-def _pass_coords(dtype_name, block_n, d):
-    """Per warpgroup thread t and pass p of the cp.async-paged producer's K and V^T views:
-    (key in K's view, key in V^T's view), as the DSL lays the copies out."""
+def _line_walk(dtype_name, block_n, d):
+    """Per warpgroup thread t, as the DSL lays the cp.async-paged producer's copies out
+    (``cpasync.LineViews`` of K and of V^T): {"K": [(pass, key)] of its copies, "V": the
+    same, "held": [key] whose page (and address) lane t looks up, one per entry}."""
     from cutetma import dsl
     from cutetma.copy import cpasync as cpa
 
     cutlass, cute = dsl.cutlass()
     dtype = getattr(cutlass, dtype_name)
-    keys = {}
+    walk_of = {}
 
     @cute.jit
     def walk():
@@ -371,42 +372,50 @@ def _pass_coords(dtype_name, block_n, d):
                                                     stride=(d, 1, block_n * d)))
         sVt = cute.make_tensor(ptr, cute.make_layout((d, block_n, 2),
                                                      stride=(1, d, block_n * d)))
+        along = cpa.segment_lanes(dtype, d)
         for t in cutlass.range_constexpr(128):
-            k = cpa.partition_stage(sK, (block_n, d), t, 128, 1)
-            v = cpa.partition_stage(sVt, (d, block_n), t, 128, 0)
-            assert cpa.passes(k) == cpa.passes(v)
-            for p in cutlass.range_constexpr(cpa.passes(k)):
-                keys[(t, p)] = (int(cpa.pass_coord(k, p)[0]), int(cpa.pass_coord(v, p)[1]))
+            k = cpa.LineViews(sK, (block_n, d), t, 128, 0, along)
+            v = cpa.LineViews(sVt, (d, block_n), t, 128, 1, along)
+            copies = {}
+            for name, views in (("K", k), ("V", v)):
+                copies[name] = [
+                    (views.pass_of(i, j), int(views.first_line + views.tXc0[(0, i, j)][
+                        views.key_mode]))
+                    for i in range(cute.size(views.tXsX, mode=[1]))
+                    for j in range(cute.size(views.tXsX, mode=[2]))]
+            held = [int(k.first_line + k.held_pass(e, t % 32) * k.lines_at_once)
+                    for e in range(k.entries) if k.held_pass(e, t % 32) < k.passes]
+            walk_of[t] = {**copies, "held": held, "along": along, "entries": k.entries}
 
     walk()
-    return keys
+    return walk_of
 
 
 @pytest.mark.parametrize("dtype_name,d,block_n", [
     ("BFloat16", 64, 128), ("BFloat16", 128, 128), ("BFloat16", 128, 176),
     ("BFloat16", 256, 64), ("BFloat16", 256, 80), ("Float8E4M3FN", 128, 192),
     ("Float8E4M3FN", 64, 128), ("Float8E4M3FN", 256, 128)])
-def test_cp_async_paged_lane_takes_its_keys_page(dtype_name, d, block_n):
-    """The cp.async-paged producer looks a block's pages up once per lane (``lookup_pass``)
-    and hands each copy its page by shuffle (``lookup_lane``): the page a thread's pass p
-    receives must be the page of the key that pass copies, in K and in V^T alike, for every
-    thread of the warpgroup (a wrong lane reads another key's page: silently wrong output)."""
-    from cutetma.copy import cpasync as cpa
-
+def test_cp_async_paged_lane_takes_its_keys_line(dtype_name, d, block_n):
+    """The cp.async-paged producer looks a block's pages up once per lane and hands each
+    copy its line's address by shuffle from lane p % along of its segment, entry p // along
+    (``cpasync.LineViews``): the line a thread's copy of pass p receives must be the key that
+    copy writes, in K and in V^T alike, for every thread of the warpgroup (a wrong lane reads
+    another key's line: silently wrong output); each key is copied d * width / 16 times per
+    operand, and each key's page looked up once."""
+    walk = _line_walk(dtype_name, block_n, d)
+    along = walk[0]["along"]
     width = 1 if dtype_name.startswith("Float8") else 2
-    along, _ = cpa.thread_shape(d * width // cpa.VECTOR_BYTES, block_n, 128)
-    assert along == d * width // cpa.VECTOR_BYTES and 32 % along == 0
-    keys = _pass_coords(dtype_name, block_n, d)
-    count = max(p for _, p in keys) + 1
-    assert len(keys) == 128 * count and count * 128 * cpa.VECTOR_BYTES == block_n * d * width
-    looked_up = {}  # (thread, pass) -> key whose page that thread loads
-    for t in range(128):
-        for u in range((count + along - 1) // along):
-            p = cpa.lookup_pass(u, t % 32, along)
-            if p < count:
-                looked_up[(t, p)] = keys[(t, p)][0]
-    for (t, p), (k_key, v_key) in keys.items():
-        owner = t - t % 32 + cpa.lookup_lane(p, t % 32, along)
-        assert looked_up[(owner, p)] == k_key == v_key, (t, p)
-    # each key of the block is copied, along times per operand
-    assert sorted(k for k, _ in keys.values()) == sorted(list(range(block_n)) * along)
+    assert 32 % along == 0 and along == min(d * width // 16, 8)
+    for t, mine in walk.items():
+        segment = t - t % along
+        for name in ("K", "V"):
+            for p, key in mine[name]:
+                owner = walk[segment + p % along]
+                assert owner["held"][p // along] == key, (name, t, p)
+        assert sorted(mine["K"]) == sorted(mine["V"])
+    vectors = d * width // 16
+    for name in ("K", "V"):
+        copied = sorted(key for mine in walk.values() for _, key in mine[name])
+        assert copied == sorted(list(range(block_n)) * vectors)
+    looked_up = sorted(key for mine in walk.values() for key in mine["held"])
+    assert looked_up == list(range(block_n))  # once per key: one segment copies it

@@ -13,40 +13,56 @@ cutlass, cute = dsl.cutlass()
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 VECTOR_BYTES = 16  # cp.async.cg moves exactly 16 bytes
+SEGMENT_BYTES = 128  # one coalesced global-memory request of a warp's lanes
 
 
-def thread_shape(vectors: int, lines_total: int, num_threads: int) -> tuple[int, int]:
+def thread_shape(vectors: int, lines_total: int, num_threads: int,
+                 along: int = 0) -> tuple[int, int]:
     """How a tiled copy lays ``num_threads`` over a tile of ``lines_total`` lines of
     ``vectors`` 16-byte vectors: ``(along, lines)``, threads along a line and lines at once.
 
     A whole line, unless the threads do not split into whole lines; then the widest part of a
     line that they do (a 160-element fp16 line is 20 vectors: 128 threads would take 6 whole
     lines, 4 after rounding to divide 64, leaving 48 idle; as 4-vector parts, 32 lines at a
-    time, all 128 work). ``lines`` divides ``lines_total`` (fewer threads work otherwise)."""
-    along = vectors
-    if num_threads % vectors and num_threads > vectors:
-        along = max(d for d in range(1, vectors + 1) if vectors % d == 0 and num_threads % d == 0)
+    time, all 128 work). ``along`` (when given) fixes the threads along a line instead (a
+    divisor of ``vectors``: ``segment_lanes``). ``lines`` divides ``lines_total`` (fewer
+    threads work otherwise)."""
+    if along:
+        assert vectors % along == 0 and num_threads % along == 0, (vectors, along)
+    else:
+        along = vectors
+        if num_threads % vectors and num_threads > vectors:
+            along = max(d for d in range(1, vectors + 1)
+                        if vectors % d == 0 and num_threads % d == 0)
     lines = max(1, min(lines_total, num_threads // along))
     while lines_total % lines:
         lines -= 1
     return along, lines
 
 
+def segment_lanes(dtype, line: int) -> int:
+    """Lanes that copy one line of ``line`` elements side by side in ``load_lines``: a
+    128-byte segment's 8 vectors (each lane then copies ``line`` / 8 vectors of its line,
+    128 bytes apart), or the whole line where it is shorter."""
+    return min(line * dtype.width // 8 // VECTOR_BYTES, SEGMENT_BYTES // VECTOR_BYTES)
+
+
 def tiled_copy(dtype, rows: int, cols: int, num_threads: int, contiguous: int = 1,
-               every_thread: bool = False):
+               every_thread: bool = False, along: int = 0):
     """A tiled copy of a (rows, cols) tile, 16 bytes per thread per step.
 
     ``contiguous`` names the mode that is contiguous in memory (1: row-major, 0: column-
     major); threads walk it first, so a warp reads whole contiguous runs (coalesced).
     Returns ``(tiled_copy, threads_used)``; threads beyond ``threads_used`` have nothing to
     move (``every_thread``: refuse such a tile, for callers where every thread copies).
+    ``along``: threads along the contiguous mode (``thread_shape``).
     """
     vec = VECTOR_BYTES * 8 // dtype.width
     inner, outer = (cols, rows) if contiguous == 1 else (rows, cols)
     if inner % vec:
         raise ValueError(f"cp.async needs whole 16-byte vectors along the contiguous mode, "
                          f"got {inner} elements")
-    along, lines = thread_shape(inner // vec, outer, num_threads)
+    along, lines = thread_shape(inner // vec, outer, num_threads, along)
     if every_thread and lines * along != num_threads:  # the others would copy past the tile
         raise ValueError(f"a {rows}x{cols} tile does not share out over {num_threads} threads "
                          f"in 16-byte vectors ({lines * along} would have work)")
@@ -130,61 +146,27 @@ def partition_stage(sX, tile, tidx, num_threads: int, contiguous: int):
     return tiled, thr.partition_D(sX), thr.partition_S(cute.make_identity_tensor(tile))
 
 
-def passes(views) -> int:
-    """How many 16-byte vectors one thread copies per stage in ``partition_stage``'s views:
-    with whole lines (``thread_shape``), one per line it visits, the line the pass's."""
-    _, tXsX, _ = views
-    return cute.size(tXsX, mode=[1]) * cute.size(tXsX, mode=[2])
-
-
-def lookup_pass(u, lane, along: int):
-    """The pass whose source lane ``lane`` looks up in its ``u``-th lookup, when ``along``
-    neighbouring lanes copy one line (``thread_shape``) and so pass ``p`` of each of them is
-    the same line: a group's lookups cover every pass once, ``along`` at a time."""
-    return u * along + lane % along
-
-
-def lookup_lane(p, lane, along: int):
-    """The lane of ``lane``'s group that looked pass ``p``'s source up (``lookup_pass``)."""
-    return lane - lane % along + p % along
-
-
-@cute.jit
-def pass_coord(views, p):
-    """(row, col) in the tile of this thread's pass ``p`` (``load_gathered``'s order), ``p``
-    a runtime value or a constant."""
-    _, tXsX, tXcX = views
-    rows = cute.size(tXsX, mode=[1])
-    return tXcX[(0, p % rows, p // rows)]
-
-
 @cute.jit
 def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool,
-                  per_pass=None, rolled: bool = False):
+                  rolled: bool = False):
     """Copy one tile into shared-memory stage ``stage``, each 16-byte vector from
-    ``source(row, col)`` (a global tensor of one vector: the caller looks its row up, in a
-    page table for instance), or ``source(row, col, per_pass(p))`` for pass ``p``, where
-    ``per_pass`` runs in every lane before any branch (a shuffle of a value another lane
-    looked up). Vectors whose coordinate along ``key_mode`` is ``valid`` or more are skipped,
-    or (``zero_past``) written as zeros: they meet real data in a product (0 * garbage can
-    be NaN). ``rolled`` (implied by ``per_pass``): the passes as a loop, not unrolled."""
+    ``source(row, col)`` (a global tensor of one vector: the caller looks its row up).
+    Vectors whose coordinate along ``key_mode`` is ``valid`` or more are skipped, or
+    (``zero_past``) written as zeros: they meet real data in a product (0 * garbage can be
+    NaN). ``rolled``: the passes as a loop, not unrolled (ptxas would otherwise hoist every
+    pass's 64-bit source address ahead of the copies and, in a small register budget, spill
+    them)."""
     tiled, tXsX, tXcX = views
     dst = tXsX[(None, None, None, stage)]
     rows = cute.size(dst, mode=[1])
     # the two walks repeat their body: the DSL refuses a helper closing over `dst` inside
     # the runtime loop
-    if cutlass.const_expr(rolled or per_pass is not None):
-        # a loop, not unrolled: ptxas would otherwise hoist every pass's 64-bit source
-        # address ahead of the copies and spill them
+    if cutlass.const_expr(rolled):
         for p in cutlass.range(rows * cute.size(dst, mode=[2]), unroll=2):
             i, j = p % rows, p // rows
             crd = tXcX[(0, i, j)]
-            held = per_pass(p) if cutlass.const_expr(per_pass is not None) else None
             if crd[key_mode] < valid:
-                if cutlass.const_expr(per_pass is not None):
-                    src = source(crd[0], crd[1], held)
-                else:
-                    src = source(crd[0], crd[1])
+                src = source(crd[0], crd[1])
                 cute.copy(tiled, cute.make_tensor(src.iterator, dst[(None, i, j)].layout),
                           dst[(None, i, j)])
             elif cutlass.const_expr(zero_past):
@@ -199,3 +181,77 @@ def load_gathered(views, stage, valid, key_mode: int, source, zero_past: bool,
                               dst[(None, i, j)])
                 elif cutlass.const_expr(zero_past):
                     dst[(None, i, j)].fill(0)
+
+
+class LineViews:
+    """One thread's share of a stage of ``tile`` whose lines (the rows along ``key_mode``,
+    each contiguous in global memory along the other mode) come from anywhere, a page table's
+    rows for instance (``load_lines``). ``along`` lanes (``segment_lanes``) copy a line side
+    by side, so the warpgroup copies ``lines_at_once`` lines per pass and each thread
+    ``passes`` lines, pass p's at ``first_line + p * lines_at_once``: all lanes of a segment
+    (``along`` neighbours) share ``first_line``. Lane l of a segment keeps the source of its
+    segment's passes l, l + along, ... (``entries`` of them, ``held_pass``), and pass p's
+    copies take it by shuffle from lane p % along (``shuffle_in_segment``): one lookup per
+    line, not per vector."""
+
+    def __init__(self, sX, tile, tidx, num_threads: int, key_mode: int, along: int):
+        self.key_mode, self.along, self.tile = key_mode, along, tile
+        self.tiled, used = tiled_copy(sX.element_type, tile[0], tile[1], num_threads,
+                                      1 - key_mode, every_thread=True, along=along)
+        thr = self.tiled.get_slice(tidx)
+        identity = cute.make_identity_tensor(tile)
+        self.tXsX = thr.partition_D(sX)
+        # thread 0's coordinates: compile-time offsets; this thread's are its first + those
+        self.tXc0 = self.tiled.get_slice(0).partition_S(identity)
+        self.first = thr.partition_S(identity)[(0, 0, 0)]
+        self.first_line = self.first[key_mode]
+        self.lines_at_once = used // along
+        self.passes = tile[key_mode] // self.lines_at_once
+        self.entries = (self.passes + along - 1) // along
+
+    def held_pass(self, entry: int, lane):
+        """The pass whose line lane ``lane`` looks up in its ``entry``-th lookup."""
+        return lane % self.along + entry * self.along
+
+    def pass_of(self, i: int, j: int) -> int:
+        """The pass (a constant) of the thread's copy (i, j) of ``tXsX``."""
+        return self.tXc0[(0, i, j)][self.key_mode] // self.lines_at_once
+
+
+@cute.jit
+def shuffle_in_segment(value, source: int, along: int):
+    """``value`` (32 or 64 bits) of lane ``source`` of this lane's segment of ``along``
+    neighbouring lanes (shfl.sync.idx with a segment mask: one shuffle per 32 bits)."""
+    mask_and_clamp = (32 - along) << 8 | 31
+    held = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), type(value))
+    held[0] = value
+    words = cute.recast_tensor(held, cutlass.Int32)
+    for w in cutlass.range_constexpr(cute.size(words)):
+        words[w] = cute.arch.shuffle_sync(words[w], source, mask_and_clamp=mask_and_clamp)
+    return held[0]
+
+
+@cute.jit
+def load_lines(views: LineViews, stage, valid, line_address, zero_past: bool):
+    """Copy one stage of lines into shared-memory stage ``stage``: pass p's line starts at
+    global address ``line_address(p)`` (an Int64, the same in the lanes of a segment; the
+    caller shuffles it from the lane that looked it up), each lane's vectors at constant
+    offsets from it. Lines ``valid`` and past are skipped, or (``zero_past``) written as
+    zeros (0 * garbage can be NaN)."""
+    tiled, dst = views.tiled, views.tXsX[(None, None, None, stage)]
+    key, col = views.key_mode, 1 - views.key_mode
+    dtype = dst.element_type
+    vec = VECTOR_BYTES * 8 // dtype.width
+    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            at = views.tXc0[(0, i, j)]
+            address = line_address(views.pass_of(i, j))
+            line = cute.make_tensor(cute.make_ptr(dtype, address, cute.AddressSpace.gmem,
+                                                  assumed_align=VECTOR_BYTES),
+                                    cute.make_layout((views.tile[col],)))
+            src = cute.tiled_divide(line, (vec,))[(None, (views.first[col] + at[col]) // vec)]
+            src = cute.make_tensor(src.iterator, dst[(None, i, j)].layout)
+            if views.first_line + at[key] < valid:
+                cute.copy(tiled, src, dst[(None, i, j)])
+            elif cutlass.const_expr(zero_past):
+                dst[(None, i, j)].fill(0)

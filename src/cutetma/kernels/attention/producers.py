@@ -5,7 +5,7 @@ TMA (``produce``): one warp loads Q per tile and K_j, V_j of every key block int
 (paged: a stage as boxes, one per page, the pool's page a coordinate; Q gathered by rows
 where ``gathers_q``). cp.async (``produce_cp_async``): a warpgroup copies the same tiles 16
 bytes a thread into the same swizzled stages (paged: a page-table load per lane per
-block, shuffled to the lanes copying that key's line). Both
+block, the line's address shuffled to the lanes copying it, ``cpasync.load_lines``). Both
 walk the tiles alike (``_produce_walk``, ``_produce_tile``, ``_produce_kv``).
 """
 
@@ -184,58 +184,52 @@ class Producers:
 
                 return load_q, load_k, load_v, None
 
-            k_part = cpa.partition_stage(sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP, 1)
-            v_part = cpa.partition_stage(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 0)
-            vec = cpa.VECTOR_BYTES * 8 // mK.element_type.width
+            # A key's line of d is copied by `along` neighbouring lanes (a 128-byte segment
+            # each), and every lane of a segment copies the same keys: so each lane looks up
+            # the page of one of its segment's keys per block (before the wait for a stage)
+            # and the copies take each line's address by shuffle
+            along = cpa.segment_lanes(mK.element_type, cfg.head_dim)
+            k_lines = cpa.LineViews(sK, (cfg.block_n, cfg.head_dim), tidx, WARPGROUP, 0, along)
+            v_lines = cpa.LineViews(sV, (cfg.head_dim, cfg.block_n), tidx, WARPGROUP, 1, along)
+            entries = k_lines.entries
             size = cfg.page_size
-            # the tile's K/V head once (under GQA a division), not per vector
+            # the tile's K/V head once (under GQA a division), not per line
             gK = mK[(None, None, head, None)]  # (row in page, d, page)
             gVt = mVt[(None, None, head, None)]  # (d, row in page, page)
-            # A key's line of d is copied by `along` neighbouring lanes, one vector each, and
-            # pass p of each of them is the same key (K's and V^T's views alike): so each of
-            # those lanes looks up one pass's page per block (not every vector its own, a
-            # dependent load before each copy) and the copies take theirs by shuffle
-            along, _ = cpa.thread_shape(cfg.head_dim // vec, cfg.block_n, WARPGROUP)
-            count = cpa.passes(k_part)
-            assert along == cfg.head_dim // vec and 32 % along == 0  # whole lines in a warp
-            assert cpa.passes(v_part) == count
-            lookups = (count + along - 1) // along
-            pages = cute.make_rmem_tensor((lookups,), cutlass.Int32)
+            pages = cute.make_rmem_tensor((entries,), cutlass.Int32)
+            rows = cute.make_rmem_tensor((entries,), cutlass.Int32)
             lane = cute.arch.lane_idx()
 
             def refill(j):
-                """Block j's page ids, a page-table load per lane per ``along`` passes,
+                """Block j's page ids, a page-table load per lane per ``along`` lines,
                 issued before the producer waits for a free stage."""
-                for u in cutlass.range_constexpr(lookups):
-                    p = cpa.lookup_pass(u, lane, along)
-                    key = j * cfg.block_n + cpa.pass_coord(k_part, p)[0]
+                for e in cutlass.range_constexpr(entries):
+                    p = k_lines.held_pass(e, lane)
+                    key = j * cfg.block_n + k_lines.first_line + p * k_lines.lines_at_once
                     page = cutlass.Int32(0)  # past the keys: never read
-                    if p < count and key < kv_len:
+                    if p < k_lines.passes and key < kv_len:
                         page = mPageTable[batch, key // size]
-                    pages[u] = page
+                    pages[e] = page
+                    rows[e] = key % size
 
-            def page_of_pass(p):
-                held = pages[0]
-                for u in cutlass.range_constexpr(1, lookups):  # p is a runtime pass index
-                    if p // along == u:
-                        held = pages[u]
-                return cute.arch.shuffle_sync(held, cpa.lookup_lane(p, lane, along))
+            def line_addresses(operand, at):
+                """This lane's lines' global addresses in ``operand`` (a 64-bit integer
+                each), ``at(row in page, page)`` its coordinate of a line's first element."""
+                held = cute.make_rmem_tensor((entries,), cutlass.Int64)
+                for e in cutlass.range_constexpr(entries):
+                    held[e] = (operand.iterator + cute.crd2idx(at(rows[e], pages[e]),
+                                                               operand.layout)).toint()
+                return lambda p: cpa.shuffle_in_segment(held[p // along], p % along, along)
 
             def load_k(j, state):
-                def key_vector(row, col, page):  # row: a key of block j; col: a d offset
-                    return cute.local_tile(gK[((j * cfg.block_n + row) % size, None, page)],
-                                           (vec,), (col // vec,))
-
-                cpa.load_gathered(k_part, state.index, kv_len - j * cfg.block_n, 0,
-                                  key_vector, zero_past=False, per_pass=page_of_pass)
+                cpa.load_lines(k_lines, state.index, kv_len - j * cfg.block_n,
+                               line_addresses(gK, lambda row, page: (row, 0, page)),
+                               zero_past=False)
 
             def load_v(j, state):
-                def value_vector(row, col, page):  # row: a d offset; col: a key of block j
-                    return cute.local_tile(gVt[(None, (j * cfg.block_n + col) % size, page)],
-                                           (vec,), (row // vec,))
-
-                cpa.load_gathered(v_part, state.index, kv_len - j * cfg.block_n, 1,
-                                  value_vector, zero_past=True, per_pass=page_of_pass)
+                cpa.load_lines(v_lines, state.index, kv_len - j * cfg.block_n,
+                               line_addresses(gVt, lambda row, page: (0, row, page)),
+                               zero_past=True)
 
             return load_q, load_k, load_v, refill
 
