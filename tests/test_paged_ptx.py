@@ -75,9 +75,16 @@ def test_paged_tma_keeps_wgmma_async_without_spills(page_size):
 def test_producer_registers_give_the_consumers_the_rest():
     """``producer_registers``: the paged TMA producer at FlashAttention-3's 24 (where its
     page-id cache fits: a whole-stage page) hands the consumers 240, as the dense kernel's
-    do, and still neither spills nor serializes; other budgets are refused."""
-    cfg = AttentionConfig(page_size=128, producer_registers=24)
-    assert cfg.registers == (24, 240) and AttentionConfig(page_size=128).registers == (40, 232)
+    do, and still neither spills nor serializes; other budgets are refused. The default
+    takes that budget for causal d = 128 tiles of 32-key boxes or larger (timed faster
+    there), 40 / 232 elsewhere."""
+    assert AttentionConfig(page_size=128, producer_registers=24).registers == (24, 240)
+    assert AttentionConfig(page_size=128).registers == (40, 232)  # non-causal: tied
+    assert AttentionConfig(page_size=16, causal=True).registers == (40, 232)  # 8 boxes
+    assert AttentionConfig(page_size=16, causal=True, load="cp_async").registers == (40, 232)
+    assert AttentionConfig(page_size=64, causal=True, pack_gqa=True).registers == (40, 232)
+    cfg = AttentionConfig(page_size=64, causal=True)
+    assert cfg.registers == (24, 240)
     ptx = build.compile_paged_attention(cfg, "BFloat16").ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)

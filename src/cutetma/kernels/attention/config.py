@@ -26,6 +26,12 @@ REGISTERS = {("tma", 2): (24, 240), ("cp_async", 2): (40, 232),
 # takes cp.async's budget (ptxas -v on page sizes 16 and 64, causal and not).
 REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
                    ("tma", 3): (32, 160), ("cp_async", 3): (32, 160)}
+# ... except causal d = 128 TMA-paged tiles, not packed, whose boxes hold at least
+# PAGED_FA3_BUDGET_MIN_BOX keys (at most 4 boxes a stage: the page-id cache fits 24 registers,
+# ptxas spills nothing): they take the dense kernel's 24 / 240, and the consumers' 8 more
+# registers ran causal prefill 2-3% faster at pages 64 / 128 (docs/design.md, "Paged
+# attention"); non-causal tied, and smaller boxes spill 40-120 bytes at 24
+PAGED_FA3_BUDGET_MIN_BOX = 32
 # ``AttentionConfig.producer_registers``: a producer budget beside two consumers sharing
 # what a 384-thread launch holds per (producer, consumer, consumer) thread triple
 PAIR_REGISTERS = 504
@@ -283,6 +289,9 @@ class AttentionConfig:
         if self.producer_registers:
             producer = self.producer_registers
             return producer, (PAIR_REGISTERS - producer) // 2 // 8 * 8
+        if (self.paged and self.causal and self.head_dim == 128 and self.load == "tma"
+                and not self.gathers_q and self.kv_box >= PAGED_FA3_BUDGET_MIN_BOX):
+            return REGISTERS[(self.load, self.consumers)]
         return (REGISTERS_PAGED if self.paged else REGISTERS)[(self.load, self.consumers)]
 
     @property
