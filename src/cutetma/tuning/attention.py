@@ -24,8 +24,9 @@ def tma_page_sizes_ok(page_size: int, head_dim: int, causal: bool) -> bool:
 def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> str:
     """``load="auto"`` for paged K/V: TMA wherever its boxes fit the pages
     (``tma_page_sizes_ok``), cp.async otherwise. One rule for every phase: TMA-paged led
-    the cp.async gather at prefill (3.8x), chunked prefill (2.9x) and decode (1.07-1.65x,
-    packed and split) on the H200 (``paged.json``)."""
+    the cp.async gather at prefill, chunked prefill and decode on the H200 (``paged.json``,
+    the earliest gather), and leads the current one at prefill by 1.13-1.23x in bf16 and
+    1.10x in e4m3 (H100, ``docs/perf-log.md``)."""
     del seqlen_q
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
 
