@@ -23,10 +23,10 @@ def tma_page_sizes_ok(page_size: int, head_dim: int, causal: bool) -> bool:
 
 def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> str:
     """``load="auto"`` for paged K/V: TMA wherever its boxes fit the pages
-    (``tma_page_sizes_ok``), cp.async otherwise. One rule for every phase: TMA-paged led
-    the cp.async gather at prefill, chunked prefill and decode on the H200 (``paged.json``,
-    the earliest gather), and leads the current one at prefill by 1.13-1.23x in bf16 and
-    1.10x in e4m3 (H100, ``docs/perf-log.md``)."""
+    (``tma_page_sizes_ok``), cp.async otherwise. One rule for every phase: on the H200
+    (``paged.json``) TMA-paged leads the cp.async producer 1.21x at prefill and at chunked
+    prefill (geomeans); at decode cp.async led by 1-5% in one run, within a few percent, so
+    decode keeps TMA too (docs/design.md, "Paged decode")."""
     del seqlen_q
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
 
