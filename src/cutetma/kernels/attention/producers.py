@@ -197,7 +197,7 @@ class Producers:
             gK = mK[(None, None, head, None)]  # (row in page, d, page)
             gVt = mVt[(None, None, head, None)]  # (d, row in page, page)
             pages = cute.make_rmem_tensor((entries,), cutlass.Int32)
-            rows = cute.make_rmem_tensor((entries,), cutlass.Int32)
+            page_rows = cute.make_rmem_tensor((entries,), cutlass.Int32)  # key's row in page
             lane = cute.arch.lane_idx()
 
             def refill(j):
@@ -210,14 +210,14 @@ class Producers:
                     if p < k_lines.passes and key < kv_len:
                         page = mPageTable[batch, key // size]
                     pages[e] = page
-                    rows[e] = key % size
+                    page_rows[e] = key % size
 
             def line_addresses(operand, at):
                 """This lane's lines' global addresses in ``operand`` (a 64-bit integer
                 each), ``at(row in page, page)`` its coordinate of a line's first element."""
                 held = cute.make_rmem_tensor((entries,), cutlass.Int64)
                 for e in cutlass.range_constexpr(entries):
-                    held[e] = (operand.iterator + cute.crd2idx(at(rows[e], pages[e]),
+                    held[e] = (operand.iterator + cute.crd2idx(at(page_rows[e], pages[e]),
                                                                operand.layout)).toint()
                 return lambda p: cpa.shuffle_in_segment(held[p // along], p % along, along)
 
