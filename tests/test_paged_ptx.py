@@ -33,10 +33,14 @@ def test_cp_async_paged_takes_any_page_size(page_size):
     assert "cp.async.bulk.tensor" not in ptx
     assert ptx.count("cp.async.cg.shared.global") > 0
     # the rows come from the page table: one load per lane per key block (K and V share
-    # it), shuffled to the lanes copying that key's line, not a dependent load per
-    # 16-byte vector (that gather ran at a quarter of the dense cp.async kernel's speed)
+    # it), the line's address shuffled within the 8 lanes copying it (shfl.sync.idx with
+    # the segment mask 0x181f = 6175: two 32-bit halves), not a dependent load per 16-byte
+    # vector (that gather ran at a quarter of the dense cp.async kernel's speed)
     assert "ld.global" in ptx
     assert len(re.findall(r"ld\.global\.[bs]32", ptx)) <= 4  # 66 when looked up per vector
+    segment = len(re.findall(r"shfl\.sync\.idx\.b32\s[^;]*, 6175, -1;", ptx))
+    copies = ptx.count("cp.async.cg.shared.global")
+    assert 0 < segment <= 2 * copies, (segment, copies)
 
 
 def test_tma_page_sizes_must_start_boxes_on_a_swizzle_atom():
