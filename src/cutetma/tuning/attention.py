@@ -25,7 +25,7 @@ def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> st
     """``load="auto"`` for paged K/V: TMA wherever its boxes fit the pages
     (``tma_page_sizes_ok``), cp.async otherwise. One rule for every phase: on the H200
     (``paged.json``) TMA-paged leads the cp.async producer 1.21x at prefill and at chunked
-    prefill (geomeans); at decode cp.async led by 1-5% in one run, within a few percent, so
+    prefill (geomeans); at decode cp.async led by 1-6% in one run, within a few percent, so
     decode keeps TMA too (docs/design.md, "Paged decode")."""
     del seqlen_q
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
