@@ -30,7 +30,7 @@ REGISTERS_PAGED = {("tma", 2): (40, 232), ("cp_async", 2): (40, 232),
 # PAGED_FA3_BUDGET_MIN_BOX keys (at most 4 boxes a stage: the page-id cache fits 24 registers,
 # ptxas spills nothing): they take the dense kernel's 24 / 240, and the consumers' 8 more
 # registers ran causal prefill 2-3% faster at pages 64 / 128 (docs/design.md, "Paged
-# attention"); non-causal tied, and smaller boxes spill 40-120 bytes at 24
+# attention"); non-causal was within 2.5% either way, and smaller boxes spill 40-120 bytes
 PAGED_FA3_BUDGET_MIN_BOX = 32
 # ``AttentionConfig.producer_registers``: a producer budget beside two consumers sharing
 # what a 384-thread launch holds per (producer, consumer, consumer) thread triple
