@@ -396,7 +396,7 @@ def _line_walk(dtype_name, block_n, d):
                     for j in range(cute.size(views.tXsX, mode=[2]))]
             held = [int(k.first_line + k.held_pass(e, t % 32) * k.lines_at_once)
                     for e in range(k.entries) if k.held_pass(e, t % 32) < k.passes]
-            walk_of[t] = {**copies, "held": held, "along": along, "entries": k.entries}
+            walk_of[t] = {**copies, "held": held, "along": along}
 
     walk()
     return walk_of

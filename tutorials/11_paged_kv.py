@@ -36,7 +36,7 @@ gcd(page_size, block_n) a multiple of 8, cp.async for the rest.
 **cp.async: the row is looked up.** 128 producer threads copy 16 bytes per instruction
 into the same swizzled stage, 8 lanes side by side over a key's 128-byte segment. Each lane
 looks up one key's page per key block and computes that line's address; the lanes copying
-the line take it by shuffle and add their column as an immediate (``cpasync.LineViews``):
+the line take it by shuffle and add their column (``cpasync.LineViews``):
 a page-table load per line, not per 16 bytes.
 
 **Decode: pack the query heads, split the keys.** With one query per sequence a tile of one
