@@ -253,6 +253,48 @@ def test_torch_compile_fullgraph():
     assert torch.equal(compiled(q), layer(q))
 
 
+@pytest.mark.parametrize("load,page_size", [("tma", 16), ("tma", 128), ("cp_async", 17)])
+@pytest.mark.parametrize("s_new", [1, 5])
+def test_new_keys_are_appended_then_attended(load, page_size, s_new):
+    """``k=`` / ``v=``: the step's keys and values written at each sequence's end (their
+    slots poisoned first), then attended over: the same bits as the call over a cache that
+    already held them, eagerly, under torch.compile and in a CUDA graph; the caller's
+    lengths unchanged."""
+    import torch
+
+    import cutetma
+    from cutetma.kvcache import append_to_cache
+
+    lengths = [300, 0, 1, 517]
+    k_cache, v_cache, table, full = make_cache(4, [n + s_new for n in lengths], page_size,
+                                               2, 128, torch.bfloat16)
+    lens = full - s_new
+    q = torch.randn(4, s_new, 8, 128, device="cuda", dtype=torch.bfloat16)
+    want = cutetma.attention_with_kvcache(q, k_cache, v_cache, full, table, causal=True,
+                                          load=load)
+    new = [gathered(k_cache, v_cache, table, full, i) for i in range(4)]
+    k_new = torch.stack([kv[0][0, n:] for kv, n in zip(new, lengths, strict=True)])
+    v_new = torch.stack([kv[1][0, n:] for kv, n in zip(new, lengths, strict=True)])
+    nan = torch.full_like(k_new, float("nan"))
+
+    def step(q, k_new, v_new):
+        return cutetma.attention_with_kvcache(q, k_cache, v_cache, lens, table, causal=True,
+                                              load=load, k=k_new, v=v_new)
+
+    for run in (step, torch.compile(step, fullgraph=True)):
+        append_to_cache(k_cache, v_cache, nan, nan, lens, table)
+        assert torch.equal(run(q, k_new, v_new), want)
+    append_to_cache(k_cache, v_cache, nan, nan, lens, table)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(q, k_new, v_new)
+    append_to_cache(k_cache, v_cache, nan, nan, lens, table)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert lens.tolist() == lengths
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("splits", [1, 2, 33, 64])
 def test_split_combine_matches_the_fp32_merge(head_dim, splits):

@@ -9,6 +9,9 @@ FlashAttention's ``flash_attn_with_kvcache``::
     cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, *,
                                    softmax_scale=..., causal=..., return_lse=..., load=...)
 
+(its ``k=`` / ``v=``, the step's new keys and values written into the cache before the
+attention, are this call's ``k=`` / ``v=``: ``append_to_cache``)
+
 and, for ragged new tokens, onto ``flash_attn_varlen_func`` with a paged cache: its
 ``cu_seqlens_q``, ``max_seqlen_q``, ``seqused_k`` and ``page_table`` are this call's
 ``cu_seqlens_q``, ``max_seqlen_q``, ``cache_seqlens`` and ``page_table``.
@@ -60,7 +63,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            cu_seqlens_q: torch.Tensor | None = None,
                            max_seqlen_q: int | None = None, check_contents: bool = False,
                            q_descale=None, k_descale=None, v_descale=None,
-                           out_dtype: torch.dtype | None = None):
+                           out_dtype: torch.dtype | None = None,
+                           k: torch.Tensor | None = None, v: torch.Tensor | None = None):
     """Attention of ``q`` over each sequence's cached keys and values (see the module).
 
     Returns ``out`` (b, s_q, h, d) and, with ``return_lse``, ``lse`` (b, h, s_q) fp32.
@@ -83,7 +87,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     FlashAttention-3's (``flash_attn_with_kvcache(..., q_descale=, k_descale=,
     v_descale=)``): each None (1), a positive number, or a (b, h_kv) fp32 tensor (per
     sequence and K/V head); ``out_dtype`` bf16 (default) or fp16. The cache is read as
-    stored: V is transposed in shared memory (``AttentionConfig.v_transpose``)."""
+    stored: V is transposed in shared memory (``AttentionConfig.v_transpose``).
+
+    ``k``, ``v`` (``flash_attn_with_kvcache``'s): this step's new keys and values, (b, s_new,
+    h_kv, d), or (total_q, h_kv, d) with ``cu_seqlens_q`` (a sequence's new keys are its new
+    queries'), in the cache's dtype. They are written into the cache in place at each
+    sequence's end (``append_to_cache``), and the attention then sees ``cache_seqlens +
+    s_new`` keys; ``cache_seqlens`` itself is not changed. The table must hold pages for
+    the new positions (``check_contents=True`` checks them before anything is written)."""
     fp8 = isinstance(q, torch.Tensor) and q.dtype == FP8
     if not fp8 and (out_dtype is not None or any(
             x is not None for x in (q_descale, k_descale, v_descale))):
@@ -102,7 +113,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
         page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
                                   device=k_cache.device)[:, None]
-    if check_contents:
+    appending, before = k is not None or v is not None, cache_seqlens
+    if appending:
+        check_new_keys(q, k_cache, k, v, cu_seqlens_q)
+        if isinstance(cache_seqlens, torch.Tensor):  # else the plan's checks refuse it
+            cache_seqlens = cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
+    if check_contents:  # with the lengths after the append: the new positions' pages too
         check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
     def packed_descales():  # (b, h_kv, 2) fp32 from torch ops: torch.compile traces it too
         if not fp8:
@@ -111,12 +127,17 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                         len(cache_seqlens), k_cache.shape[2], q.device)
 
     if torch.compiler.is_compiling():
+        if appending:
+            append_to_cache(k_cache, v_cache, k, v, before, page_table, cu_seqlens_q)
         out, lse = torch.ops.cutetma.attention_with_kvcache(
             q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
             num_splits, cu_seqlens_q, max_seqlen_q, packed_descales(), out_dtype)
         return (out, lse) if return_lse else out
+    # planned (every operand checked) before the append writes anything
     plan = _cached_plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                         load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
+    if appending:
+        append_to_cache(k_cache, v_cache, k, v, before, page_table, cu_seqlens_q)
     out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q,
                     packed_descales())
     return (out, lse) if return_lse else out
@@ -134,6 +155,72 @@ def _cached_plan(*args):
 
 
 _PLANS: dict = {}
+
+
+def check_new_keys(q, k_cache, k, v, cu_seqlens_q=None) -> None:
+    """``attention_with_kvcache``'s ``k`` / ``v``: both given, one shape, (b, s_new, h_kv, d)
+    with q's b (or (total_q, h_kv, d) with ``cu_seqlens_q``), the cache's dtype and device."""
+    if k is None or v is None:
+        raise ValueError("k and v go together: the new keys and their values")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4
+            and isinstance(q, torch.Tensor)):
+        return  # the plan's checks say what is wrong with them
+    h_kv, d = k_cache.shape[2:]
+    if cu_seqlens_q is None:
+        s_new = k.shape[1] if k.dim() == 4 else None
+        want, form = (q.shape[0], s_new, h_kv, d), "(b, s_new, h_kv, d)"
+    else:
+        want, form = (q.shape[0], h_kv, d), "(total_q, h_kv, d), one key per new query,"
+    if tuple(k.shape) != want or tuple(v.shape) != want:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be {form} "
+                         f"here {tuple(x if x is not None else '?' for x in want)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != k_cache.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, the cache {k_cache.dtype}: the "
+                            "new keys are written into it as they are")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+
+
+def new_key_counts(k, cache_seqlens, cu_seqlens_q=None) -> torch.Tensor:
+    """Each sequence's new keys, int32 like ``cache_seqlens``: s_new, or (varlen) its
+    queries' count."""
+    if cu_seqlens_q is None:
+        return torch.full_like(cache_seqlens, k.shape[1])
+    return (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(cache_seqlens.dtype)
+
+
+def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table,
+                    cu_seqlens_q=None) -> None:
+    """Write ``k`` and ``v`` into the cache in place at each sequence's end: sequence i's
+    t-th new key at position p = ``cache_seqlens[i] + t``, i.e. page ``page_table[i, p //
+    page_size]``, slot ``p % page_size`` (what ``flash_attn_with_kvcache`` does with its
+    ``k=`` / ``v=`` before attending). ``k``, ``v``: (b, s_new, h_kv, d), or (total_q, h_kv,
+    d) with ``cu_seqlens_q``, row r of sequence i then its (r - cu_seqlens_q[i])-th key.
+    Device ops on the given tensors only: no host synchronisation, CUDA-graph capturable.
+    FP8 caches are written as bytes (torch's index copies do not all take float8)."""
+    page_size = k_cache.shape[1]
+    device = k_cache.device
+    if cu_seqlens_q is None:
+        b, s_new = k.shape[:2]
+        seq = torch.arange(b, device=device).repeat_interleave(s_new)
+        step = torch.arange(s_new, device=device).repeat(b)
+        k, v = k.reshape(b * s_new, *k.shape[2:]), v.reshape(b * s_new, *v.shape[2:])
+    else:
+        starts = cu_seqlens_q.long()
+        row = torch.arange(k.shape[0], device=device)
+        seq = torch.searchsorted(starts[1:], row, right=True)  # the sequence row r is in
+        step = row - starts[seq]
+    position = cache_seqlens.long()[seq] + step
+    page = page_table.long()[seq, torch.div(position, page_size, rounding_mode="floor")]
+    slot = position % page_size
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        if cache.dtype == FP8:
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache[page, slot] = new
 
 
 def check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q=None) -> None:
