@@ -9,6 +9,9 @@ against the fp32 reference and times them. From torch::
 
     out = cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
                                          causal=True)   # k_cache (num_pages, page, h_kv, d)
+    # a decode step: its keys and values written at each sequence's end, then attended
+    out = cutetma.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table,
+                                         causal=True, k=k_new, v=v_new)
 
 **The problem.** A serving engine stores keys and values in pages of ``page_size`` keys taken
 from one pool; sequence b's i-th page is ``page_table[b, i]``. The attention kernel reads a
@@ -135,6 +138,30 @@ def decode_choices() -> None:
               f"{context // 128 // splits} key blocks")
 
 
+def new_keys_land() -> None:
+    heading("3b. A step's new keys (k=, v=): written at each sequence's end, page by page")
+    import torch
+
+    from cutetma.kvcache import append_to_cache
+
+    page = 16
+    table = torch.tensor([[6, 2, 9], [4, 0, -1]], dtype=torch.int32)
+    lens = torch.tensor([31, 16], dtype=torch.int32)
+    k_cache = torch.zeros(10, page, 1, 8)
+    # each new key marked by its own value, 1 .. 6, to find where it lands
+    k_new = torch.arange(1.0, 7.0).view(2, 3, 1, 1).expand(2, 3, 1, 8).contiguous()
+    append_to_cache(k_cache, torch.zeros_like(k_cache), k_new, k_new, lens, table)
+    for i in range(2):
+        spots = []
+        for t in range(3):
+            where = (k_cache[:, :, 0, 0] == k_new[i, t, 0, 0]).nonzero()[0].tolist()
+            spots.append(f"key {int(lens[i]) + t} -> page {where[0]} slot {where[1]}")
+        print(f"sequence {i} (pages {table[i].tolist()}, {int(lens[i])} keys): "
+              + ", ".join(spots))
+    print("The scatter runs on the call's stream before the kernel, which then sees "
+          "cache_seqlens + 3 keys; the caller's cache_seqlens is not changed.")
+
+
 def measured() -> str:
     heading("4. Measured on the H200 (benchmarks/results/paged.json)")
     path = ROOT / "benchmarks" / "results" / "paged.json"
@@ -201,6 +228,7 @@ def main() -> int:
     mid_atom_phase()
     counts = compiled_boxes()
     decode_choices()
+    new_keys_land()
     result = measured()
     here = on_gpu()
     heading("Takeaway:")
