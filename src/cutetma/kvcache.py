@@ -116,7 +116,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     appending, before = k is not None or v is not None, cache_seqlens
     if appending:
         check_new_keys(q, k_cache, k, v, cu_seqlens_q)
-        if isinstance(cache_seqlens, torch.Tensor):  # else the plan's checks refuse it
+        if isinstance(cache_seqlens, torch.Tensor) and (
+                cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor)):
+            # (else the plan's checks refuse them, before anything is written)
             cache_seqlens = cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
     if check_contents:  # with the lengths after the append: the new positions' pages too
         check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
@@ -202,20 +204,18 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table,
     d) with ``cu_seqlens_q``, row r of sequence i then its (r - cu_seqlens_q[i])-th key.
     Device ops on the given tensors only: no host synchronisation, CUDA-graph capturable.
     FP8 caches are written as bytes (torch's index copies do not all take float8)."""
+    # a few element-wise kernels on (b, s_new) indices, then one index copy each for K and V
     page_size = k_cache.shape[1]
     device = k_cache.device
-    if cu_seqlens_q is None:
-        b, s_new = k.shape[:2]
-        seq = torch.arange(b, device=device).repeat_interleave(s_new)
-        step = torch.arange(s_new, device=device).repeat(b)
-        k, v = k.reshape(b * s_new, *k.shape[2:]), v.reshape(b * s_new, *v.shape[2:])
-    else:
-        starts = cu_seqlens_q.long()
-        row = torch.arange(k.shape[0], device=device)
-        seq = torch.searchsorted(starts[1:], row, right=True)  # the sequence row r is in
-        step = row - starts[seq]
-    position = cache_seqlens.long()[seq] + step
-    page = page_table.long()[seq, torch.div(position, page_size, rounding_mode="floor")]
+    if cu_seqlens_q is None:  # positions (b, s_new); k, v indexed as they are
+        position = cache_seqlens[:, None] + torch.arange(k.shape[1], device=device)
+        page = torch.gather(page_table, 1, torch.div(position, page_size,
+                                                     rounding_mode="floor"))
+    else:  # row r of sequence i: position cache_seqlens[i] + r - cu_seqlens_q[i]
+        row = torch.arange(k.shape[0], device=device, dtype=cu_seqlens_q.dtype)
+        seq = torch.searchsorted(cu_seqlens_q[1:], row, right=True)
+        position = (cache_seqlens[seq] + row - cu_seqlens_q[seq]).long()
+        page = page_table[seq, torch.div(position, page_size, rounding_mode="floor")]
     slot = position % page_size
     for cache, new in ((k_cache, k), (v_cache, v)):
         if cache.dtype == FP8:
