@@ -12,9 +12,10 @@ beside ``ceiling_tbps``, the read bandwidth a plain torch reduction reaches in t
 Chunked prefill: b = 4, 512 new queries over an 8k cache, causal, pages 16 / 64 / 128; FLOPs
 4 h d per (query, visible key); TFLOP/s.
 Columns: ``tma`` and ``cp_async`` (``cutetma.attention_with_kvcache`` with the producer
-forced), ``auto`` (decode: its own choice of producer, packing and splits), ``fa4``
-(``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when the page is its key
-block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
+forced), ``auto`` (decode: its own choice of producer, packing and splits), ``tma_append``
+(decode: ``tma`` with the step's key and value written into the cache first, ``k=`` / ``v=``),
+``fa4`` (``flash_attn.cute.flash_attn_varlen_func`` with ``page_table``: TMA when the page is
+its key block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
 Every column is checked against the dense cutetma output first (a column that computes
 something else is an error, not a number). Times: CUDA-graph replays (``gemm.bench``), then
 ``ROUNDS`` alternating rounds; a cell's figure is the median of its timings.
@@ -178,6 +179,12 @@ def contenders(problem, causal: bool, loads, row: dict, fa4_dense: bool = False)
         columns[f"tma_{other}"] = lambda: with_paged_pv_wait(
             (d, causal), other, lambda: cutetma.attention_with_kvcache(
                 q, k_cache, v_cache, lens, table, causal=causal, load="tma"))
+    if "tma" in loads and q.shape[1] == 1:  # decode: the step's key and value appended
+        # first (k=, v=: the cache's own last key and value, so the output is the same)
+        before = lens - 1
+        columns["tma_append"] = lambda: cutetma.attention_with_kvcache(
+            q, k_cache, v_cache, before, table, causal=causal, load="tma", k=k[:, -1:],
+            v=v[:, -1:])
     columns["dense"] = lambda: cutetma.attention(q, k, v, causal=causal)
     peer, why = fa4()
     if peer is not None:
@@ -262,7 +269,8 @@ def decode_row(dtype: str, b: int, context: int, page_size: int, rounds: int) ->
 
 def summarize(rows) -> dict:
     """Per phase: the geomean of tma / cp_async, and of tma / fa4, over the rows holding
-    both (the paper's Figure 3 / 5 question and the peer's)."""
+    both (the paper's Figure 3 / 5 question and the peer's); decode's tma_append / tma (what
+    writing the step's key first costs)."""
     import math
 
     def geomean(pairs):
@@ -284,6 +292,11 @@ def summarize(rows) -> dict:
                          if r.get(f"tma_{other}") and r.get("tma")]
                 if pairs:
                     out[f"{phase}_default_over_{other}_wait{suffix}"] = geomean(pairs)
+            # decode with the step's key appended first (k=, v=) over without: its cost
+            pairs = [(r["tma_append"], r["tma"]) for r in mine
+                     if r.get("tma_append") and r.get("tma")]
+            if pairs:
+                out[f"{phase}_append_over_tma{suffix}"] = geomean(pairs)
     return out
 
 

@@ -410,6 +410,9 @@ def test_paged_summary_keeps_float8_apart():
     assert not any(key.startswith("decode") and key.endswith(paged.FP8) for key in s)
     assert paged.summarize([row("bfloat16", 1.0, 1.0)]).keys().isdisjoint(
         {f"prefill_tma_over_cp_async_{paged.FP8}"})
+    decode = dict(row("bfloat16", 4.0, 4.1), phase="decode", tma_append=3.6)
+    assert abs(paged.summarize([decode])["decode_append_over_tma"] - 0.9) < 1e-12
+    assert "prefill_append_over_tma" not in s
 
 
 @pytest.mark.parametrize("name", ["paged", "paged_fp8"])
