@@ -56,7 +56,8 @@ def test_tma_page_sizes_must_start_boxes_on_a_swizzle_atom():
 def test_auto_load_rule():
     from cutetma.tuning.attention import paged_load
 
-    assert paged_load(16, 1, 128, False) == "tma"
+    assert paged_load(16, 1, 128, False) == "cp_async"  # decode at d = 128
+    assert paged_load(16, 2, 128, False) == "tma" and paged_load(16, 1, 64, False) == "tma"
     assert paged_load(256, 4096, 128, True) == "tma"
     assert paged_load(12, 1, 128, False) == "cp_async"
     assert paged_load(1, 128, 64, True) == "cp_async"
@@ -192,6 +193,9 @@ def test_pack_gqa_gathers_q_rows_and_split_kv_writes_fp32_partials():
     # O's fp32 pairs (and one 4-byte LSE store per row pair, as in every variant)
     assert ptx.count("st.global.v2.b32") > 0 and "st.global.v4.b32" not in ptx
     assert plain.count("st.global.v4.b32") > 0 and "st.global.v2.b32" not in plain
+    # split_kv lets its combine launch early (programmatic dependent launch); plain has none
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert "griddepcontrol" not in plain
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
@@ -269,11 +273,15 @@ def test_combine_splits_is_attention_over_all_the_keys(bounds):
 
 def test_split_combine_compiles_to_vector_loads():
     """The merge kernel: one warp per row, the partials read as whole 16-byte vectors at
-    d = 128 and 256 (8 bytes at 64), the output stored once per lane."""
+    d = 128 and 256 (8 bytes at 64), the output stored once per lane, nothing read before
+    the forward it depends on has finished."""
     for d, load in ((64, "ld.global.v2.b32"), (128, "ld.global.v4.b32"),
                     (256, "ld.global.v4.b32")):
         ptx = build.compile_split_combine(d, "BFloat16").ptx
         assert ptx.count(load) >= 2 and "shfl.sync.idx.b32" in ptx
+        # launched as the forward's dependent: it waits for the forward before any read
+        assert ptx.count("griddepcontrol.wait") == 1
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
 def test_varlen_q_gathers_q_and_keeps_the_key_loop_off_the_stack():

@@ -242,10 +242,14 @@ def load_lines(views: LineViews, stage, valid, line_address, zero_past: bool):
     key, col = views.key_mode, 1 - views.key_mode
     dtype = dst.element_type
     vec = VECTOR_BYTES * 8 // dtype.width
+    addresses = {}  # one shuffle per pass, however many of the line's vectors a lane copies
     for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
         for j in cutlass.range_constexpr(cute.size(dst, mode=[2])):
             at = views.tXc0[(0, i, j)]
-            address = line_address(views.pass_of(i, j))
+            p = views.pass_of(i, j)
+            if cutlass.const_expr(p not in addresses):
+                addresses[p] = line_address(p)
+            address = addresses[p]
             line = cute.make_tensor(cute.make_ptr(dtype, address, cute.AddressSpace.gmem,
                                                   assumed_align=VECTOR_BYTES),
                                     cute.make_layout((views.tile[col],)))

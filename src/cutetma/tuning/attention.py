@@ -23,12 +23,18 @@ def tma_page_sizes_ok(page_size: int, head_dim: int, causal: bool) -> bool:
 
 def paged_load(page_size: int, seqlen_q: int, head_dim: int, causal: bool) -> str:
     """``load="auto"`` for paged K/V: TMA wherever its boxes fit the pages
-    (``tma_page_sizes_ok``), cp.async otherwise. One rule for every phase: on the H200
-    (``paged.json``) TMA-paged leads the cp.async producer 1.21x at prefill and at chunked
-    prefill (geomeans); at decode cp.async led by 1-6% in one run, within a few percent, so
-    decode keeps TMA too (docs/design.md, "Paged decode")."""
-    del seqlen_q
+    (``tma_page_sizes_ok``), cp.async otherwise, except decode (one query) at d = 128, where
+    cp.async led TMA by 1-6% in every cell of an H200 run and by up to 1.7% in 3 of 4 cells of
+    an H100 run, TMA 0.3% ahead in the fourth (docs/design.md, "Paged decode"). At
+    prefill and chunked prefill TMA-paged leads 1.21x (geomeans, ``paged.json``)."""
+    if seqlen_q == 1 and head_dim == DECODE_CP_ASYNC_HEAD_DIM:
+        return "cp_async"
     return "tma" if tma_page_sizes_ok(page_size, head_dim, causal) else "cp_async"
+
+
+# decode's producer: cp.async at this head dim (d = 256 causal cp.async cannot split:
+# SPLIT_KV_UNSUPPORTED; d = 64 was not timed)
+DECODE_CP_ASYNC_HEAD_DIM = 128
 
 
 # pack_gqa up to this many queries per sequence: decode (1), speculative steps, short chunks

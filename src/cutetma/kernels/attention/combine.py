@@ -52,12 +52,15 @@ class SplitCombine:
                                                    stride=(1, o_h, o_s, o_b)))
         mL = cute.make_tensor(pL, cute.make_layout((heads, seqlen_q, batch),
                                                    stride=(seqlen_q, 1, lse_batch)))
+        # launched as the forward's programmatic dependent: its CTAs are scheduled while the
+        # forward still runs and wait for its end (griddepcontrol.wait) before the first read
         self.kernel(mOp, mLp, mO, mL, splits).launch(
-            grid=(heads, seqlen_q, batch), block=(32, 1, 1), stream=stream)
+            grid=(heads, seqlen_q, batch), block=(32, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor,
                splits: cutlass.Int32):
+        cute.arch.griddepcontrol_wait()  # the forward's partials are all written
         head, query, sequence = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         vec = self.head_dim // 32

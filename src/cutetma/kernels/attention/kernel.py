@@ -383,6 +383,11 @@ class FlashAttentionSm90(Producers, Consumers, Transposer):
         # it) as divergent: the paged producer lost its uniform datapath and every TMA box
         # took a loop over lanes (BRA.U.ANY), 2x slower at page 16 non-causal
         wg = cute.arch.warp_redux_sync(tidx // WARPGROUP, "min")
+        if cutlass.const_expr(cfg.split_kv):
+            # the combine that follows (SplitCombine, a programmatic dependent launch) may be
+            # scheduled now: it waits for this grid's end before reading, and its launch
+            # runs under this kernel instead of after it
+            cute.arch.griddepcontrol_launch_dependents()
         if warp == 0:
             tma.prefetch(tma_q)
             tma.prefetch(tma_k)
