@@ -263,3 +263,60 @@ def test_fig6_l2_resummarize_keeps_meta(tmp_path):
     assert doc["meta"]["summary"]["l2_read_sectors_from_sms_unicast_over_multicast"] == {
         "16": {"32 KiB": 4.4}}
     assert (tmp_path / "paper_fig6_l2.png").stat().st_size > 0
+
+
+def test_table2_reads_the_counters_ncu_lists_and_sums_the_load_opcodes(tmp_path, monkeypatch):
+    """Table 2 (CPU, a stand-in ``ncu`` on PATH): the counters it asks for are the listed
+    ones (an unlisted counter costs its row, not the run), the memory issues are the
+    TMA-load and LDGSTS counters summed (not their predicated variants), one row per (cell,
+    load) in ``cases`` order, and the summary's ratios are TMA over cp.async beside the
+    paper's."""
+    import json
+    import os
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))
+    import table2
+
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    listing = ("gpu__time_duration Counter nsecond # of ns\n"
+               "smsp__inst_executed Counter inst # of warp instructions executed\n"
+               "smsp__inst_executed_op_ldgsts Counter inst # of LDGSTS\n"
+               "smsp__inst_executed_op_ldgsts_pred_on_any Counter inst # of LDGSTS\n"
+               "smsp__inst_executed_op_tma_ld Counter inst # of UTMALDG\n"
+               "dram__bytes_read Counter byte # of bytes read\n")
+    header = '"ID","Kernel Name","gpu__time_duration.sum","smsp__inst_executed.sum",' \
+             '"smsp__inst_executed_op_ldgsts.sum","smsp__inst_executed_op_tma_ld.sum",' \
+             '"dram__bytes_read.sum"'
+    lines = [header, '"","","ns","inst","inst","inst","byte"']
+    for i in range(len(table2.cases(quick=True))):
+        tma = i % 2 == 0
+        lines.append(f'"{i}","FlashAttentionSm90_kernel","{900 if tma else 1000}",'
+                     f'"{"1,000" if tma else "1,300"}","{0 if tma else 3400}",'
+                     f'"{100 if tma else 0}","5000"')
+    table = "\\n".join(lines)
+    fake.write_text(f"""#!/bin/sh
+case "$*" in
+  *--query-metrics*) printf '{listing}' ;;
+  *) printf '==PROF== done\\n{table}\\nTABLE2_GAPS {{"tc_bound": 0.0}}\\n' ;;
+esac
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert table2.main(["--quick", "--out", str(tmp_path / "out")]) == 0
+    doc = json.loads((tmp_path / "out" / "paper_table2.json").read_text())
+    assert doc["meta"]["opcode_counters"] == ["smsp__inst_executed_op_tma_ld.sum",
+                                              "smsp__inst_executed_op_ldgsts.sum"]
+    assert "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
+        not in doc["meta"]["counters"]
+    assert [(r["cell"], r["load"]) for r in doc["rows"]] == [
+        (c[0], load) for c, load in table2.cases(quick=True)]
+    cell = doc["meta"]["summary"]["cells"]["tc_bound"]
+    issues = cell["rows"][table2.MEMORY_ISSUES]
+    assert (issues["tma"], issues["cp_async"]) == (100.0, 3400.0)
+    assert abs(issues["paper_ratio"] - 1.3 / 34.1) < 1e-9
+    assert abs(cell["rows"]["instructions executed"]["ratio"] - 1000 / 1300) < 1e-9
+    assert cell["rows"]["tensor pipe (% of peak, active)"]["tma"] is None
+    assert abs(cell["ncu_time_tma_over_cp_async"] - 0.9) < 1e-9
+    assert doc["meta"]["arm_max_abs_difference"] == {"tc_bound": 0.0}
+    assert (tmp_path / "out" / "paper_table2.png").stat().st_size > 0
