@@ -266,17 +266,19 @@ def test_paged_entries_are_what_attention_with_kvcache_launches(cache_dir, capsy
     assert {(e.cfg.pack_gqa, e.cfg.split_kv, e.cfg.varlen_q) for e in paged} == {
         (p, s, v) for p in (False, True) for s in (False, True) for v in (False, True)}
     assert [e.name() for e in entries if e.op == "combine"] == ["split-KV merge bf16 d=128"]
+    assert [e.name() for e in entries if e.op == "append"] == [
+        "new-key append bf16 d=128", "new-key append bf16 d=128, varlen"]
     assert "page 16 decode, packed and split, varlen tma" in " ".join(e.name() for e in paged)
     assert main(["cache", "warm", "--paged", "64", "--attention", "128,causal", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
     first = capsys.readouterr().out
-    # 8 paged and the merge compile; the dense d = 128 kernel too, unless this process built
-    # it already (its in-process registry answers first)
-    counts = re.search(r"10 entries: (\d+) compiled, (\d+) already there", first)
-    assert counts and int(counts[1]) >= 9, first
+    # 8 paged, the merge and the two appends compile; the dense d = 128 kernel too, unless
+    # this process built it already (its in-process registry answers first)
+    counts = re.search(r"12 entries: (\d+) compiled, (\d+) already there", first)
+    assert counts and int(counts[1]) >= 11, first
     assert main(["cache", "warm", "--paged", "64", "--attention", "128,causal", "--dtypes",
                  "bfloat16", "--jobs", "1"]) == 0
-    assert "10 already there" in capsys.readouterr().out
+    assert "12 already there" in capsys.readouterr().out
 
 
 def test_backward_entries(cache_dir, capsys):

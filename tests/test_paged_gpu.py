@@ -295,6 +295,76 @@ def test_new_keys_are_appended_then_attended(load, page_size, s_new):
     assert lens.tolist() == lengths
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("page_size", [1, 3, 16, 128])
+@pytest.mark.parametrize("form", ["dense_1", "dense_7", "varlen", "strided"])
+def test_append_kernel_writes_what_torch_writes(dtype, page_size, form):
+    """The append kernel (``KVAppend``) against torch's index copies
+    (``reference.append_to_cache_ref``) on the same pool: every byte of both caches equal
+    (so nothing else in the pool is touched), the lengths after it returned and the
+    caller's unchanged. Forms: one and 7 new keys a sequence, varlen rows with an empty
+    sequence, and k / v views (a 16-byte-strided slice, and one whose strides are not, which
+    is copied first) into a cache whose K and V pages interleave."""
+    import torch
+
+    from cutetma.kvcache import append_to_cache
+    from cutetma.reference import append_to_cache_ref
+
+    torch.manual_seed(0)
+    lengths, h_kv, d = [300, 0, 1, 517, 64], 2, 128
+    counts = {"dense_1": [1] * 5, "dense_7": [7] * 5, "strided": [3] * 5,
+              "varlen": [4, 0, 9, 1, 2]}[form]
+    pages_each = [-(-(n + c) // page_size) for n, c in zip(lengths, counts, strict=True)]
+    pool = sum(pages_each) + 3
+    kv = torch.randn(pool, page_size, 2, h_kv, d, device="cuda").to(getattr(torch, dtype))
+    k_cache, v_cache = kv[:, :, 0], kv[:, :, 1]  # K and V pages interleaved
+    order = torch.randperm(pool, device="cuda").int()
+    table = torch.zeros(5, max(pages_each), dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(pages_each):
+        table[i, :n] = order[at:at + n]
+        at += n
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    cu = None
+    shape = (sum(counts), h_kv, d) if form == "varlen" else (5, counts[0], h_kv, d)
+    if form == "varlen":
+        cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+    k, v = (torch.randn(*shape, device="cuda").to(kv.dtype) for _ in range(2))
+    if form == "strided":  # a slice of a longer step (16-byte strides), and a d + 4 pad
+        k = torch.randn(5, 8, h_kv, d, device="cuda").to(kv.dtype)[:, 2:5]
+        v = torch.randn(5, 3, h_kv, d + 4, device="cuda").to(kv.dtype)[..., :d]
+    want = kv.clone()
+    append_to_cache_ref(want[:, :, 0], want[:, :, 1], k, v, lens, table, cu)
+    after = append_to_cache(k_cache, v_cache, k, v, lens, table, cu)
+    torch.cuda.synchronize()
+    assert torch.equal(kv.view(torch.uint8), want.view(torch.uint8))
+    assert after.tolist() == [n + c for n, c in zip(lengths, counts, strict=True)]
+    assert lens.tolist() == lengths
+
+
+def test_append_kernel_writes_nothing_it_cannot_place():
+    """Lengths and page ids the kernel does not check (``check_contents=True`` would report
+    them): a position past the table's pages, or a page id outside the pool, is not written
+    (no stray write into memory it does not own); the other sequences' rows are."""
+    import torch
+
+    from cutetma.kvcache import append_to_cache
+
+    pool, page_size, h_kv, d = 6, 16, 2, 128
+    k_cache, v_cache = (torch.zeros(pool, page_size, h_kv, d, device="cuda",
+                                    dtype=torch.bfloat16) for _ in range(2))
+    table = torch.tensor([[0, 1], [2, 3], [4, 99]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([5, 32, 16], dtype=torch.int32, device="cuda")  # 32: past 2 pages
+    k = torch.ones(3, 1, h_kv, d, device="cuda", dtype=torch.bfloat16)
+    after = append_to_cache(k_cache, v_cache, k, k, lens, table)
+    torch.cuda.synchronize()
+    assert after.tolist() == [6, 33, 17]
+    assert torch.equal(k_cache[0, 5], k[0, 0])  # sequence 0: page 0, slot 5
+    written = (k_cache != 0).flatten(1).any(1).tolist()
+    assert written == [True, False, False, False, False, False]  # page 99: none
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("splits", [1, 2, 33, 64])
 def test_split_combine_matches_the_fp32_merge(head_dim, splits):

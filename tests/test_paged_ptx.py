@@ -284,6 +284,19 @@ def test_split_combine_compiles_to_vector_loads():
         assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
+def test_kv_append_copies_16_byte_vectors_with_a_few_index_loads():
+    """The new-key append (``KVAppend``): each (head, 16-byte column) of a row a vector load
+    and a vector store for K and for V; per row one page-table load, the lengths' loads and
+    (varlen) the sequence found by the CTA's threads together, one compare each and a
+    barrier, not a chain of dependent loads."""
+    for varlen in (False, True):
+        ptx = build.compile_kv_append(256, varlen).ptx
+        assert ptx.count("ld.global.v4.b32") == 2 and ptx.count("st.global.v4.b32") == 2
+        scalar_loads = ptx.count("ld.global") - 2
+        assert scalar_loads <= (8 if varlen else 4), scalar_loads
+        assert ("bar.sync" in ptx) == varlen
+
+
 def test_varlen_q_gathers_q_and_keeps_the_key_loop_off_the_stack():
     """varlen_q: Q rows gathered from each sequence's offset (no Q box), the key-block loop
     free of local memory (ptxas spills a few tile-level scalars outside it), both

@@ -158,8 +158,10 @@ def new_keys_land() -> None:
             spots.append(f"key {int(lens[i]) + t} -> page {where[0]} slot {where[1]}")
         print(f"sequence {i} (pages {table[i].tolist()}, {int(lens[i])} keys): "
               + ", ".join(spots))
-    print("The scatter runs on the call's stream before the kernel, which then sees "
-          "cache_seqlens + 3 keys; the caller's cache_seqlens is not changed.")
+    print("On a GPU one small kernel (kernels.attention.append) writes them on the call's "
+          "stream before the attention kernel, which then sees cache_seqlens + 3 keys; on "
+          "the CPU torch's index copies do the same. The caller's cache_seqlens is not "
+          "changed.")
 
 
 def measured() -> str:

@@ -52,6 +52,7 @@ from cutetma.ops import (
     attention_outputs,
     plan_key,
 )
+from cutetma.reference import append_to_cache_ref
 from cutetma.tuning import gemm as gemm_tuning
 
 
@@ -113,15 +114,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # a dense cache: sequence i is page i of a pool whose pages are s_cache keys long
         page_table = torch.arange(k_cache.shape[0], dtype=torch.int32,
                                   device=k_cache.device)[:, None]
-    appending, before = k is not None or v is not None, cache_seqlens
+    appending = k is not None or v is not None
+    # the append writes the lengths after it here (the plan needs only its shape)
+    lens = cache_seqlens
     if appending:
         check_new_keys(q, k_cache, k, v, cu_seqlens_q)
         if isinstance(cache_seqlens, torch.Tensor) and (
                 cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor)):
             # (else the plan's checks refuse them, before anything is written)
-            cache_seqlens = cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
+            lens = torch.empty_like(cache_seqlens)
     if check_contents:  # with the lengths after the append: the new positions' pages too
-        check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q)
+        after = (cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
+                 if lens is not cache_seqlens else cache_seqlens)
+        check_cache_contents(q, k_cache, after, page_table, cu_seqlens_q)
     def packed_descales():  # (b, h_kv, 2) fp32 from torch ops: torch.compile traces it too
         if not fp8:
             return None
@@ -130,17 +135,18 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     if torch.compiler.is_compiling():
         if appending:
-            append_to_cache(k_cache, v_cache, k, v, before, page_table, cu_seqlens_q)
+            lens = torch.ops.cutetma.append_to_cache(k_cache, v_cache, k, v, cache_seqlens,
+                                                     page_table, cu_seqlens_q)
         out, lse = torch.ops.cutetma.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale, load,
+            q, k_cache, v_cache, lens, page_table, causal, softmax_scale, load,
             num_splits, cu_seqlens_q, max_seqlen_q, packed_descales(), out_dtype)
         return (out, lse) if return_lse else out
     # planned (every operand checked) before the append writes anything
-    plan = _cached_plan(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+    plan = _cached_plan(q, k_cache, v_cache, lens, page_table, causal, softmax_scale,
                         load, num_splits, cu_seqlens_q, max_seqlen_q, out_dtype)
     if appending:
-        append_to_cache(k_cache, v_cache, k, v, before, page_table, cu_seqlens_q)
-    out, lse = plan(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q,
+        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q, lens)
+    out, lse = plan(q, k_cache, v_cache, lens, page_table, cu_seqlens_q,
                     packed_descales())
     return (out, lse) if return_lse else out
 
@@ -195,32 +201,88 @@ def new_key_counts(k, cache_seqlens, cu_seqlens_q=None) -> torch.Tensor:
     return (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(cache_seqlens.dtype)
 
 
-def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table,
-                    cu_seqlens_q=None) -> None:
+def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q=None,
+                    lens_out=None) -> torch.Tensor:
     """Write ``k`` and ``v`` into the cache in place at each sequence's end: sequence i's
     t-th new key at position p = ``cache_seqlens[i] + t``, i.e. page ``page_table[i, p //
     page_size]``, slot ``p % page_size`` (what ``flash_attn_with_kvcache`` does with its
     ``k=`` / ``v=`` before attending). ``k``, ``v``: (b, s_new, h_kv, d), or (total_q, h_kv,
     d) with ``cu_seqlens_q``, row r of sequence i then its (r - cu_seqlens_q[i])-th key.
-    Device ops on the given tensors only: no host synchronisation, CUDA-graph capturable.
-    FP8 caches are written as bytes (torch's index copies do not all take float8)."""
-    # a few element-wise kernels on (b, s_new) indices, then one index copy each for K and V
-    page_size = k_cache.shape[1]
-    device = k_cache.device
-    if cu_seqlens_q is None:  # positions (b, s_new); k, v indexed as they are
-        position = cache_seqlens[:, None] + torch.arange(k.shape[1], device=device)
-        page = torch.gather(page_table, 1, torch.div(position, page_size,
-                                                     rounding_mode="floor"))
-    else:  # row r of sequence i: position cache_seqlens[i] + r - cu_seqlens_q[i]
-        row = torch.arange(k.shape[0], device=device, dtype=cu_seqlens_q.dtype)
-        seq = torch.searchsorted(cu_seqlens_q[1:], row, right=True)
-        position = (cache_seqlens[seq] + row - cu_seqlens_q[seq]).long()
-        page = page_table[seq, torch.div(position, page_size, rounding_mode="floor")]
-    slot = position % page_size
-    for cache, new in ((k_cache, k), (v_cache, v)):
-        if cache.dtype == FP8:
-            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
-        cache[page, slot] = new
+    Returns the lengths after it, ``cache_seqlens`` + each sequence's new keys (into
+    ``lens_out`` when given); ``cache_seqlens`` is not changed. CUDA tensors: one kernel
+    (``kernels.attention.append``), no host synchronisation, CUDA-graph capturable; other
+    devices: torch's index copies (``reference.append_to_cache_ref``)."""
+    if k_cache.device.type != "cuda":
+        append_to_cache_ref(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q)
+        after = cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
+        if lens_out is None:
+            return after
+        lens_out.copy_(after)
+        return lens_out
+    _check_append_operands(k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q)
+    if lens_out is None:
+        lens_out = torch.empty_like(cache_seqlens)
+    varlen = cu_seqlens_q is not None
+    # the kernel copies 16-byte vectors: a view whose strides are not multiples of 16 bytes
+    # is copied first
+    k, v = (x if _aligned(x) else x.contiguous() for x in (k, v))
+    b = cache_seqlens.shape[0]
+    rows, s_new = (k.shape[0], 0) if varlen else (k.shape[0] * k.shape[1], k.shape[1])
+    if max(rows, b) == 0:
+        return lens_out
+    size = k.element_size()
+    _, page_size, h_kv, d = k_cache.shape
+
+    def byte_strides(t, dims):
+        return [t.stride(i) * size for i in dims]
+
+    new_dims = (0, 0, 1) if varlen else (0, 1, 2)  # (batch, row, head); varlen: no batch
+    strides = [*byte_strides(k, new_dims), *byte_strides(v, new_dims),
+               *byte_strides(k_cache, (0, 1, 2)), *byte_strides(v_cache, (0, 1, 2))]
+    if varlen:
+        strides[0] = strides[3] = 0
+    cu = cu_seqlens_q if varlen else cache_seqlens  # unread without varlen
+    runtime.append_launch(d * size, varlen)(
+        (k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+         page_table.data_ptr(), cache_seqlens.data_ptr(), cu.data_ptr(), lens_out.data_ptr(),
+         rows, b, s_new, h_kv, page_size, page_table.shape[1], page_table.stride(0),
+         k_cache.shape[0], *strides, _current_stream(k_cache.device)))
+    return lens_out
+
+
+def _check_append_operands(k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q):
+    """What the append kernel relies on and ``check_new_keys`` does not see (the attention's
+    plan checks them too, but under ``torch.compile`` the append runs first)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or not _aligned(t):
+            raise ValueError(f"{name} must be (num_pages, page_size, h_kv, d) with head_dim "
+                             f"contiguous and 16-byte strides, got {tuple(t.shape)} strides "
+                             f"{t.stride()}")
+    ints = [("cache_seqlens", cache_seqlens, 1), ("page_table", page_table, 2)]
+    if cu_seqlens_q is not None:
+        ints.append(("cu_seqlens_q", cu_seqlens_q, 1))
+    for name, t, dims in ints:
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != dims
+                or t.stride(-1) != 1 or t.device != k_cache.device):
+            raise ValueError(f"{name} must be a {dims}-D int32 tensor on {k_cache.device} "
+                             "with its last dimension contiguous")
+    if page_table.shape[0] != cache_seqlens.shape[0]:
+        raise ValueError(f"page_table has {page_table.shape[0]} rows, cache_seqlens "
+                         f"{cache_seqlens.shape[0]} sequences")
+
+
+@torch.library.custom_op("cutetma::append_to_cache", mutates_args=("k_cache", "v_cache"))
+def _append_op(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, cache_seqlens: torch.Tensor, page_table: torch.Tensor,
+               cu_seqlens_q: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.ops.cutetma.append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table,
+    cu_seqlens_q) -> lengths``: the append inside ``torch.compile`` (it writes the caches)."""
+    return append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q)
+
+
+@_append_op.register_fake
+def _(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q=None):
+    return torch.empty_like(cache_seqlens)
 
 
 def check_cache_contents(q, k_cache, cache_seqlens, page_table, cu_seqlens_q=None) -> None:

@@ -121,3 +121,31 @@ def combine_splits_ref(o_parts, lse_parts, splits: int, out, lse) -> None:
     weights = (weights / total.clamp_min(torch.finfo(torch.float32).tiny)).transpose(2, 3)
     merged = (o_parts.view(splits, b, s_q, h, d) * weights[..., None]).sum(0)
     out.copy_(merged)
+
+
+def append_to_cache_ref(k_cache, v_cache, k, v, cache_seqlens, page_table,
+                        cu_seqlens_q=None) -> None:
+    """torch's version of the new-key append (what ``kernels.attention.append`` does): sequence
+    i's t-th new key at position p = ``cache_seqlens[i] + t``, i.e. page ``page_table[i, p //
+    page_size]``, slot ``p % page_size``; ``k``, ``v`` (b, s_new, h_kv, d), or (total_q,
+    h_kv, d) with ``cu_seqlens_q`` (row r of sequence i its (r - cu_seqlens_q[i])-th key).
+    Index arithmetic on the (b, s_new) positions, then one index copy each for K and V (FP8
+    as bytes: torch's index copies do not all take float8); any device."""
+    import torch
+
+    page_size = k_cache.shape[1]
+    device = k_cache.device
+    if cu_seqlens_q is None:
+        position = cache_seqlens[:, None] + torch.arange(k.shape[1], device=device)
+        page = torch.gather(page_table, 1, torch.div(position, page_size,
+                                                     rounding_mode="floor"))
+    else:
+        row = torch.arange(k.shape[0], device=device, dtype=cu_seqlens_q.dtype)
+        seq = torch.searchsorted(cu_seqlens_q[1:], row, right=True)
+        position = (cache_seqlens[seq] + row - cu_seqlens_q[seq]).long()
+        page = page_table[seq, torch.div(position, page_size, rounding_mode="floor")]
+    slot = position % page_size
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        if cache.dtype == torch.float8_e4m3fn:
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache[page, slot] = new

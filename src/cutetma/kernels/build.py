@@ -370,6 +370,24 @@ def compile_split_combine(head_dim: int, dtype_name: str = "BFloat16"):
                            *(cutlass.Int64(8),) * 3, make_fake_stream())
 
 
+def compile_kv_append(head_bytes: int, varlen: bool):
+    """``attention_with_kvcache``'s append of new keys and values (``KVAppend.from_pointers``)
+    for sm_90a."""
+    from cutetma import dsl
+    from cutetma.kernels.attention.append import KVAppend
+
+    cutlass, cute = dsl.cutlass()
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    def pointer(align):
+        return make_ptr(cutlass.Int32, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+    return dsl.compile_ptx(KVAppend(head_bytes, varlen).from_pointers,
+                           *(pointer(16) for _ in range(4)), *(pointer(4) for _ in range(4)),
+                           *(cutlass.Int32(1),) * 8, *(cutlass.Int64(16),) * 12,
+                           make_fake_stream())
+
+
 def compile_v_transpose(head_dim: int):
     """FP8 attention's V^T in the key order (``VTranspose.from_pointers``) for sm_90a."""
     from cutetma import dsl

@@ -181,6 +181,16 @@ class CombineLaunch(PointerLaunch):
              + (ctypes.c_void_p,))
 
 
+class AppendLaunch(PointerLaunch):
+    """``KVAppend.from_pointers``: new K and V, the K and V caches, the page table, the
+    lengths, cu_seqlens_q, the lengths out; rows, batch, s_new, h_kv, page size, the table's
+    pages and row stride, the pool's pages; the byte strides of K, V (batch, row, head) and
+    of the caches (page, slot, head); the stream."""
+
+    SLOTS = ((ctypes.c_void_p,) * 8 + (ctypes.c_int32,) * 8 + (ctypes.c_int64,) * 12
+             + (ctypes.c_void_p,))
+
+
 def typed_pointer(dtype: torch.dtype, align: int = 16):
     """A global-memory pointer of ``dtype``'s DSL type for compiling a ``from_pointers``
     entry: only its type (and alignment) matters to the compiler, not its address."""
@@ -320,6 +330,21 @@ def combine_launch(dtype: torch.dtype, head_dim: int) -> CombineLaunch:
                          args)
 
     return cached(("split_combine", dtype, head_dim), build)
+
+
+def append_launch(head_bytes: int, varlen: bool) -> AppendLaunch:
+    """The ``AppendLaunch`` writing new keys and values of ``head_bytes`` a head into a paged
+    cache (any element type: it copies bytes), compiled on its first use."""
+
+    def build():
+        _, stream = _dsl()
+        args = (*[typed_pointer(torch.int32) for _ in range(4)],
+                *[typed_pointer(torch.int32, 4) for _ in range(4)], *(1,) * 20, stream)
+        return _compiled(AppendLaunch, "cutetma.kernels.attention.append",
+                         "KVAppend.from_pointers", (head_bytes, varlen),
+                         f"head_bytes={head_bytes},varlen={varlen}", args)
+
+    return cached(("kv_append", head_bytes, varlen), build)
 
 
 def backward_preprocess_launch(dtype: torch.dtype, head_dim: int,

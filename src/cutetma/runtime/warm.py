@@ -78,6 +78,8 @@ class Entry:
             return f"placement probe, clusters of {cfg}"
         if self.op == "combine":
             return f"split-KV merge {SHORT[self.dtype]} d={cfg}"
+        if self.op == "append":
+            return f"new-key append {SHORT[self.dtype]} d={cfg[0]}{', varlen' if cfg[1] else ''}"
         if self.op == "paged":
             kind = ("decode, packed and split" if cfg.pack_gqa and cfg.split_kv else
                     "decode, packed" if cfg.pack_gqa else
@@ -211,7 +213,8 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
     """The kernels ``cutetma.attention_with_kvcache`` launches for these page sizes, per
     (head dim, causal), dtype and load: prefill (nothing packed or split), decode with
     the query heads packed, packed and split, and split alone (MHA), each also with varlen
-    queries (``cu_seqlens_q``), and the split merge per (dtype, head dim). A combination
+    queries (``cu_seqlens_q``), the split merge and the new-key append (``k=`` / ``v=``,
+    varlen or not) per (dtype, head dim). A combination
     the kernel refuses (a TMA box off the swizzle atom, split_kv where the DSL cannot
     compile it) is left out, as the call would not launch it."""
     from cutetma.kernels.attention import AttentionConfig
@@ -229,7 +232,10 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
                         except ValueError:
                             continue
                         entries.append(Entry("paged", dtype, cfg))
-        entries += [Entry("combine", dtype, d) for d in sorted({d for d, _ in specs})]
+        head_dims = sorted({d for d, _ in specs})
+        entries += [Entry("combine", dtype, d) for d in head_dims]
+        entries += [Entry("append", dtype, (d, varlen)) for d in head_dims
+                    for varlen in (False, True)]
     return _distinct(entries)
 
 
@@ -348,6 +354,10 @@ def _launch(entry: Entry) -> None:
         return
     if entry.op == "combine":
         launch.combine_launch(dtype, entry.cfg)
+        return
+    if entry.op == "append":  # it copies bytes: one kernel per head's row of bytes
+        head_dim, varlen = entry.cfg
+        launch.append_launch(head_dim * dtype.itemsize, varlen)
         return
     if entry.op == "backward":
         launch.attention_backward_launch(dtype, entry.cfg)  # dK, dV in the inputs' dtype
