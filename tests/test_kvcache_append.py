@@ -132,3 +132,27 @@ def test_bad_new_keys_are_refused_before_anything_is_written():
         cutetma.attention_with_kvcache(q, k_cache, v_cache, lens, table, check_contents=True,
                                        k=torch.randn(2, 30, 2, 64), v=torch.randn(2, 30, 2, 64))
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_append_to_cache_alone_checks_what_it_copies():
+    """``append_to_cache`` called by itself (not through the attention call, whose checks
+    come first): new keys of another dtype, head count, head dim or batch, or tables that
+    are not int32, are refused before anything is written (the kernel copies bytes, so a
+    wrong dtype would write past the slot)."""
+    import torch
+
+    from cutetma.kvcache import append_to_cache
+
+    k_cache, v_cache, table, lens = pool(16, [20, 3], [2, 2], d=64)
+    before = k_cache.clone()
+    new = torch.randn(2, 1, 2, 64)
+    for k, v, match in ((new.double(), new.double(), "is torch.float64"),
+                        (new[..., :32], new[..., :32], r"\(h_kv, d\) = \(2, 64\)"),
+                        (new, new[:, :, :1], "one shape"),
+                        (new[:1], new[:1], "k has 1 sequences"),
+                        (new[0], new[0], r"must be \(b, s_new, h_kv, d\)")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            append_to_cache(k_cache, v_cache, k, v, lens, table)
+    with pytest.raises(ValueError, match="page_table must be a 2-D int32"):
+        append_to_cache(k_cache, v_cache, new, new, lens, table.long())
+    assert torch.equal(k_cache, before)

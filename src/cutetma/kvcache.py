@@ -211,7 +211,9 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlen
     Returns the lengths after it, ``cache_seqlens`` + each sequence's new keys (into
     ``lens_out`` when given); ``cache_seqlens`` is not changed. CUDA tensors: one kernel
     (``kernels.attention.append``), no host synchronisation, CUDA-graph capturable; other
-    devices: torch's index copies (``reference.append_to_cache_ref``)."""
+    devices: torch's index copies (``reference.append_to_cache_ref``). Shapes, dtypes and
+    layouts are checked first (nothing is written when one is wrong)."""
+    _check_append_operands(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q)
     if k_cache.device.type != "cuda":
         append_to_cache_ref(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q)
         after = cache_seqlens + new_key_counts(k, cache_seqlens, cu_seqlens_q)
@@ -219,7 +221,6 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlen
             return after
         lens_out.copy_(after)
         return lens_out
-    _check_append_operands(k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q)
     if lens_out is None:
         lens_out = torch.empty_like(cache_seqlens)
     varlen = cu_seqlens_q is not None
@@ -250,11 +251,28 @@ def append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlen
     return lens_out
 
 
-def _check_append_operands(k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q):
-    """What the append kernel relies on and ``check_new_keys`` does not see (the attention's
-    plan checks them too, but under ``torch.compile`` the append runs first)."""
+def _check_append_operands(k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q):
+    """What the append kernel relies on, checked before it writes: the new keys' shapes and
+    dtype against the cache's (it copies their bytes), the caches' 16-byte layout and the
+    int32 tables (the attention's plan checks these too, but under ``torch.compile`` the
+    append runs first, and ``append_to_cache`` may be called alone)."""
+    varlen = cu_seqlens_q is not None
+    form = "(total_q, h_kv, d)" if varlen else "(b, s_new, h_kv, d)"
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != (3 if varlen else 4):
+            raise ValueError(f"{name} must be {form}, got {tuple(getattr(t, 'shape', ()))}")
+        if t.shape[-2:] != k_cache.shape[2:] or t.shape != k.shape:
+            raise ValueError(f"{name} {tuple(t.shape)}: k and v one shape, ending in the "
+                             f"cache's (h_kv, d) = {tuple(k_cache.shape[2:])}")
+        if t.dtype != k_cache.dtype or t.device != k_cache.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device}, the cache {k_cache.dtype} on "
+                            f"{k_cache.device}: the new keys are written as they are")
+    if not varlen and k.shape[0] != cache_seqlens.shape[0]:
+        raise ValueError(f"k has {k.shape[0]} sequences, cache_seqlens "
+                         f"{cache_seqlens.shape[0]}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dim() != 4 or not _aligned(t):
+        # the kernel's 16-byte vectors (torch's copies on other devices take any layout)
+        if t.dim() != 4 or (t.device.type == "cuda" and not _aligned(t)):
             raise ValueError(f"{name} must be (num_pages, page_size, h_kv, d) with head_dim "
                              f"contiguous and 16-byte strides, got {tuple(t.shape)} strides "
                              f"{t.stride()}")
