@@ -6,13 +6,14 @@ r = cu[i] + t) goes to position p = cache_seqlens[i] + t of sequence i: page
 ``page_table[i, p // page_size]``, slot ``p % page_size``. One CTA per row reads that page id
 once and copies the row's h_kv x d keys and values as 16-byte vectors (thread j: vectors j,
 j + 128, ...), whatever the element type (FP8 too: bytes are bytes); with ``cu_seqlens_q``
-the CTA's threads find the row's sequence together (one compare each per 128 sequences). The
-first CTAs also
-write ``lens_out[i] = cache_seqlens[i] + (sequence i's new keys)`` (thread j of CTA c:
-sequence 128 c + j), the lengths the forward then attends over, so the caller's
-``cache_seqlens`` is not changed. Written with torch's index arithmetic and index copies the
-append was about ten kernels, 0.77x the decode step's speed at b = 64 and half of it at b = 1
-(H100, CUDA graphs; docs/design.md, "Paged attention").
+the CTA's threads find the row's sequence together (one compare each per 128 sequences).
+The first CTAs also write ``lens_out[i] = cache_seqlens[i] + (sequence i's new keys)``
+(thread j of CTA c: sequence 128 c + j), the lengths the forward then attends over, so the
+caller's ``cache_seqlens`` is not changed. A position past the table or a page id outside
+the pool is not written. Written with torch's index arithmetic and index copies the append
+was about ten kernels: a decode step with new keys ran at 0.91x the step without them at
+b = 64 and 0.55x at b = 1 (H100, CUDA graphs); with this kernel 0.99x and 0.88x
+(docs/design.md, "Paged attention").
 
 Strides are in bytes and multiples of 16 (the host makes k / v contiguous where they are
 not); the head dim is contiguous.
