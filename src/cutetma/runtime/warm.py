@@ -214,9 +214,9 @@ def paged_entries(page_sizes, specs=ATTENTION_PRESET, dtypes=DTYPES,
     (head dim, causal), dtype and load: prefill (nothing packed or split), decode with
     the query heads packed, packed and split, and split alone (MHA), each also with varlen
     queries (``cu_seqlens_q``), the split merge and the new-key append (``k=`` / ``v=``,
-    varlen or not) per (dtype, head dim). A combination
-    the kernel refuses (a TMA box off the swizzle atom, split_kv where the DSL cannot
-    compile it) is left out, as the call would not launch it."""
+    varlen or not) per (dtype, head dim). A combination the kernel refuses (a TMA box off
+    the swizzle atom, split_kv where the DSL cannot compile it) is left out, as the call
+    would not launch it."""
     from cutetma.kernels.attention import AttentionConfig
 
     entries = []
