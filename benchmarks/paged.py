@@ -19,7 +19,10 @@ its key block, cp.async otherwise), ``dense`` / ``fa4_dense`` (contiguous K/V).
 Every column is checked against the dense cutetma output first (a column that computes
 something else is an error, not a number). Times: CUDA-graph replays (``gemm.bench``), then
 ``ROUNDS`` alternating rounds; a cell's figure is the median of its timings.
-Writes ``paged.json`` and ``paged.png`` into --out.
+Writes ``paged.json`` and ``paged.png`` into --out, the JSON after every row (meta
+``complete`` false until the end); ``--update`` keeps the existing file's rows that this run
+does not measure again (the file must come from the same card), so ``--phases decode
+--update`` refreshes the decode rows and leaves the others.
 """
 
 from __future__ import annotations
@@ -330,7 +333,8 @@ def plot(rows, path: Path):
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"prefill b4 s4k h32/8 d128, {'causal' if causal else 'non-causal'} "
                      "(gray: dense)", fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a decode-only run draws no prefill line
+            ax.legend(fontsize=7)
     if not dec:
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -365,6 +369,9 @@ def main(argv=None):
                         choices=["bfloat16", "float16", "float8_e4m3fn"])
     parser.add_argument("--phases", nargs="+", default=["prefill", "chunked", "decode"],
                         choices=["prefill", "chunked", "decode"])
+    parser.add_argument("--update", action="store_true", help="keep the rows of the "
+                        "existing results file (same card) that this run does not measure "
+                        "again: a run of some phases or dtypes updates the file")
     args = parser.parse_args(argv)
     dtypes = ["bfloat16"] if args.quick else args.dtypes
     pages = (16, 64, 128) if args.quick else PAGES
@@ -375,6 +382,11 @@ def main(argv=None):
         cells += [("chunked", dtype, page) for dtype in dtypes[:1] for page in (16, 64, 128)]
     if "decode" in args.phases:
         cells += [("decode", dtype, *cell) for dtype in dtypes[:1] for cell in DECODE]
+    from cutetma import results
+
+    kept, kept_from = kept_rows(args.out / f"{args.name}.json") if args.update else ([], None)
+    # the kept rows' own run, named in the meta (its date and command)
+    extra = {"kept_rows_from": kept_from} if kept else {}
     rows = []
     for cell in progress(cells, len(cells)):
         if cell[0] == "prefill":
@@ -384,12 +396,46 @@ def main(argv=None):
         else:
             rows.append(decode_row(*cell[1:], rounds))
         print(json.dumps(rows[-1]), flush=True)
-    from cutetma import results
-
+        # after every row, so a run stopped by a time limit keeps what it measured
+        results.write(args.name, merged(kept, rows), args.out,
+                      extra_meta={**extra, "complete": False})
+    rows = merged(kept, rows)
     summary = summarize(rows)
-    results.write(args.name, rows, args.out, extra_meta={"summary": summary})
+    results.write(args.name, rows, args.out,
+                  extra_meta={**extra, "summary": summary, "complete": True})
     plot(rows, args.out / f"{args.name}.png")
     print(json.dumps(summary))
+
+
+def cell_key(row: dict) -> tuple:
+    """What names a row's cell: a later measurement of it replaces the row (``--update``)."""
+    return tuple(row.get(k) for k in ("phase", "dtype", "causal", "page_size", "b", "s_q",
+                                      "ctx", "h", "h_kv", "d"))
+
+
+def merged(kept: list, new: list) -> list:
+    """``kept`` rows whose cell ``new`` does not measure again, then ``new``."""
+    again = {cell_key(r) for r in new}
+    return [r for r in kept if cell_key(r) not in again] + list(new)
+
+
+def kept_rows(path: Path) -> tuple[list, dict | None]:
+    """``--update``: the rows of an existing results file and its run (date, command), if
+    it was measured on this card (rows of two cards in one file would read as one run);
+    none if there is no file."""
+    import json
+
+    from cutetma import results
+
+    if not path.exists():
+        return [], None
+    doc = json.loads(path.read_text())
+    meta = doc.get("meta", {})
+    here, there = results.meta()["device"], meta.get("device")
+    if there != here:
+        raise SystemExit(f"--update: {path} was measured on {there}, this is {here}; "
+                         "write a new file (--name) instead")
+    return doc.get("rows", []), {k: meta.get(k) for k in ("date", "command")}
 
 
 if __name__ == "__main__":

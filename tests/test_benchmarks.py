@@ -355,6 +355,65 @@ def test_benchmark_merges_results_measured_in_separate_calls(tmp_path):
 
 
 
+def test_paged_benchmark_writes_every_row_and_updates_a_file_of_the_same_card(tmp_path,
+                                                                              monkeypatch):
+    """paged.py (its row functions stood in for, no GPU): the JSON is rewritten after every
+    row (a run stopped part-way keeps its rows, ``complete`` false); ``--update`` keeps the
+    file's rows of cells this run does not measure and replaces those it does; a file from
+    another card is refused."""
+    import json
+
+    import paged
+
+    def fake(phase, tma):
+        def row_fn(*cell):
+            rounds = cell[-1]
+            b, ctx, page = (cell[1:4] if phase == "decode" else (4, 4096, cell[-2]))
+            causal = cell[1] if phase == "prefill" else True
+            return {**dict.fromkeys(paged.COLUMNS), "phase": phase, "dtype": cell[0],
+                    "causal": causal, "page_size": page, "b": b, "s": ctx, "ctx": ctx,
+                    "s_q": 1 if phase == "decode" else ctx, "h": 32, "h_kv": 8, "d": 128,
+                    "tma": tma, "cp_async": tma / 2, "rounds": rounds}
+        return row_fn
+
+    path = tmp_path / "paged.json"
+    monkeypatch.setattr(paged, "decode_row", fake("decode", 3.0))
+    paged.main(["--phases", "decode", "--dtypes", "bfloat16", "--out", str(tmp_path)])
+    doc = json.loads(path.read_text())
+    assert len(doc["rows"]) == len(paged.DECODE) and doc["meta"]["complete"] is True
+    monkeypatch.setattr(paged, "prefill_row", fake("prefill", 600.0))
+    paged.main(["--phases", "prefill", "--dtypes", "bfloat16", "--out", str(tmp_path),
+                "--update"])
+    doc = json.loads(path.read_text())
+    assert len(doc["rows"]) == len(paged.DECODE) + 2 * len(paged.PAGES)
+    assert doc["meta"]["kept_rows_from"]["command"] is not None
+    assert doc["meta"]["summary"]["prefill_tma_over_cp_async"] == pytest.approx(2.0)
+    monkeypatch.setattr(paged, "decode_row", fake("decode", 4.0))  # decode measured again
+    paged.main(["--phases", "decode", "--dtypes", "bfloat16", "--out", str(tmp_path),
+                "--update"])
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == len(paged.DECODE) + 2 * len(paged.PAGES)
+    assert {r["tma"] for r in rows if r["phase"] == "decode"} == {4.0}
+    calls = []
+
+    def stops_at_the_third(*cell):
+        calls.append(cell)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return fake("decode", 5.0)(*cell)
+
+    monkeypatch.setattr(paged, "decode_row", stops_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        paged.main(["--phases", "decode", "--out", str(tmp_path), "--name", "cut"])
+    cut = json.loads((tmp_path / "cut.json").read_text())
+    assert len(cut["rows"]) == 2 and cut["meta"]["complete"] is False
+    other = json.loads(path.read_text())
+    other["meta"]["device"] = "NVIDIA H200"
+    path.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="measured on NVIDIA H200"):
+        paged.main(["--phases", "decode", "--out", str(tmp_path), "--update"])
+
+
 def test_candidates_and_specs_name_valid_configurations():
     """``gemm.gemm_config``: a candidate's ``select_gemm_config`` options, then its
     ``GemmConfig`` fields replaced (no options: the library's own choice); any other key is
