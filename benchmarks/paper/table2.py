@@ -21,9 +21,9 @@ each cell's launches run once inside the NVTX range "profile", in ``cases()`` or
 counters are the paper's rows (its extracted table names no rows; the order of its text is
 tensor pipe, SMs active, DRAM bytes, DRAM share, L2 hit rate, instructions, WGMMAs, memory
 issues, FMA and ALU pipe instructions, cycles) where this ncu knows them; the memory issues
-are TMA loads plus LDGSTS, warp instructions (``LOAD_ISSUES``; every listed name about the
-loads is kept in the JSON). Writes ``paper_table2.json`` (rows, TMA / cp.async ratios per cell) and
-``paper_table2.png`` (the ratios beside the paper's).
+are TMA loads plus LDGSTS, warp instructions (``LOAD_ISSUES``). Writes ``paper_table2.json``
+(rows, TMA / cp.async ratios per cell) and ``paper_table2.png`` (the ratios beside the
+paper's).
 """
 
 from __future__ import annotations
@@ -75,8 +75,6 @@ EXTRA = ("gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_sustained
 # the loads' own instructions: TMA loads (UTMALDG) and cp.async's LDGSTS, warp-level
 # (ncu also lists predicated-on / -off and SASS variants of each: not summed with these)
 LOAD_ISSUES = ("smsp__inst_executed_op_tma_ld.sum", "smsp__inst_executed_op_ldgsts.sum")
-# every listed name that mentions the loads or WGMMA, kept in the JSON (what this ncu offers)
-LISTED_PATTERN = re.compile(r"(ldgsts|tma|bulk|gmma)")
 
 # the paper's Table 2 (FA3 on the H100), TMA / cp.async, in ROWS order plus the memory issues
 PAPER = {
@@ -142,28 +140,15 @@ def workload(quick: bool):
     torch.cuda.nvtx.range_pop()
 
 
-def metric_names(ncu: str) -> tuple[list[str], list[str], list[str]]:
-    """(the counters this script reads that this ncu knows, the per-opcode load counters,
-    every listed name about the loads or WGMMA)."""
-    proc = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
-    known = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) > 1 and re.match(r"^\w+__\w+$", parts[0]):
-            known[parts[0]] = parts[1]
-    wanted = [m for _, names in ROWS for m in names] + list(EXTRA)
-    kept = [m for m in wanted if m.split(".")[0] in known] if known else wanted
-    opcodes = [m for m in LOAD_ISSUES if m.split(".")[0] in known]
-    return kept, opcodes, sorted(n for n in known if LISTED_PATTERN.search(n))
-
-
 def profile(quick: bool) -> tuple[list[dict], dict]:
-    from gemm_profile import find_ncu
+    from gemm_profile import find_ncu, supported
 
     ncu = find_ncu()
     if not ncu:
         raise RuntimeError("ncu (Nsight Compute) not found")
-    metrics, opcodes, listed = metric_names(ncu)
+    # only the counters this ncu lists (an unlisted one costs its row, not the run)
+    metrics = supported(ncu, [m for _, names in ROWS for m in names] + list(EXTRA))
+    opcodes = supported(ncu, LOAD_ISSUES)
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
            "--metrics", ",".join(metrics + opcodes), "--csv", "--page", "raw",
            sys.executable, __file__, "--workload"] + (["--quick"] if quick else [])
@@ -187,7 +172,7 @@ def profile(quick: bool) -> tuple[list[dict], dict]:
                      "s_q": s_q, "ctx": ctx, "h": h, "h_kv": h_kv, "d": HEAD_DIM,
                      "page_size": PAGE, "causal": True, "kernel": r.get("Kernel Name", "")[:60],
                      **values})
-    return rows, {"opcode_counters": opcodes, "counters": metrics, "listed": listed,
+    return rows, {"opcode_counters": opcodes, "counters": metrics,
                   "arm_max_abs_difference": json.loads(gaps.group(1)) if gaps else None}
 
 
