@@ -119,7 +119,7 @@ def test_bad_new_keys_are_refused_before_anything_is_written():
         call(k=new, v=new[:, :1])
     with pytest.raises(ValueError, match=r"must both be \(b, s_new, h_kv, d\)"):
         call(k=new[:1], v=new[:1])
-    with pytest.raises(TypeError, match="has dtype torch.float16, the cache torch.float32"):
+    with pytest.raises(TypeError, match="is torch.float16 on cpu, the cache torch.float32"):
         call(k=new.half(), v=new.half())
     with pytest.raises(ValueError, match=r"\(total_q, h_kv, d\)"):
         cutetma.attention_with_kvcache(q[0], k_cache, v_cache, lens, table, k=new, v=new,

@@ -185,12 +185,15 @@ def check_new_keys(q, k_cache, k, v, cu_seqlens_q=None) -> None:
     if tuple(k.shape) != want or tuple(v.shape) != want:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be {form} "
                          f"here {tuple(x if x is not None else '?' for x in want)}")
+    _check_new_key_types(k, v, k_cache)
+
+
+def _check_new_key_types(k, v, k_cache) -> None:
+    """The new keys' dtype and device are the cache's: they are copied as bytes."""
     for name, t in (("k", k), ("v", v)):
-        if t.dtype != k_cache.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype}, the cache {k_cache.dtype}: the "
-                            "new keys are written into it as they are")
-        if t.device != k_cache.device:
-            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+        if t.dtype != k_cache.dtype or t.device != k_cache.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device}, the cache {k_cache.dtype} on "
+                            f"{k_cache.device}: the new keys are written as they are")
 
 
 def new_key_counts(k, cache_seqlens, cu_seqlens_q=None) -> torch.Tensor:
@@ -264,9 +267,7 @@ def _check_append_operands(k_cache, v_cache, k, v, cache_seqlens, page_table, cu
         if t.shape[-2:] != k_cache.shape[2:] or t.shape != k.shape:
             raise ValueError(f"{name} {tuple(t.shape)}: k and v one shape, ending in the "
                              f"cache's (h_kv, d) = {tuple(k_cache.shape[2:])}")
-        if t.dtype != k_cache.dtype or t.device != k_cache.device:
-            raise TypeError(f"{name} is {t.dtype} on {t.device}, the cache {k_cache.dtype} on "
-                            f"{k_cache.device}: the new keys are written as they are")
+    _check_new_key_types(k, v, k_cache)
     if not varlen and k.shape[0] != cache_seqlens.shape[0]:
         raise ValueError(f"k has {k.shape[0]} sequences, cache_seqlens "
                          f"{cache_seqlens.shape[0]}")
