@@ -53,6 +53,33 @@ def test_promotion_takes_each_complete_k_tile(scaling, out_dtype):
         assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
 
 
+@pytest.mark.parametrize("scaling,out_dtype", [("block", "BFloat16"), ("row", "Float32")])
+def test_tall_promoted_tile_takes_two_waves_through_one_fragment(scaling, out_dtype):
+    """256 x 128: each consumer warpgroup's 128 rows as two 64-row waves, each a k-tile's
+    4 WGMMAs into the one fragment, waited for (wait_group 0) and promoted; 4 rows' scale_a
+    a thread blockwise; accumulator and fragment (192 registers) without spills."""
+    cfg = GemmConfig(tile_m=256, tile_n=128, tile_k=128, scaling=scaling,
+                     promote=scaling != "block")
+    assert (cfg.consumer_groups, cfg.waves, cfg.threads) == (2, 2, 384)
+    ptx = build.compile_scaled_gemm(cfg, out_dtype).ptx
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32", ptx)
+    assert len(wgmma) == 8 and set(wgmma) == {"128"}
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    assert "0" in waits and "1" not in waits, waits
+    if scaling == "block":
+        assert len(re.findall(r"ld\.global\S*\.[bf]32", ptx)) == 4 + 1
+    if shutil.which("ptxas"):
+        log = build.ptxas_log(ptx)
+        assert not re.search(r"C751[24]", log), log
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+    for kwargs in (dict(tile_n=256), dict(store_under_mma=True), dict(split_k=2)):
+        with pytest.raises(ValueError, match="tile_m=256"):
+            GemmConfig(**{**dict(tile_m=256, tile_n=128, tile_k=128, scaling="block"),
+                          **kwargs})
+    with pytest.raises(ValueError, match="tile_m=256"):
+        GemmConfig(tile_m=256, tile_n=128, tile_k=128, scaling="tensor")  # not promoted
+
+
 def test_fp8_stages_count_one_byte_operands():
     """The same 128-byte k-tile rows as 16-bit data, so an FP8 stage of 128 x 256 is as big
     as a bf16 one (96 KiB... 48 KiB) and the pipeline as deep."""
@@ -91,8 +118,15 @@ def test_fp8_config_rules():
 
     fp32 = fp8_config(GemmConfig(tile_n=128, schedule="pingpong"), "tensor", torch.float32)
     assert (fp32.promote, fp32.schedule) == (True, "cooperative")
-    # a promoted tile is at most 128 wide (its accumulator and k-tile fragment)
-    assert fp8_config(wide, "tensor", torch.float32).tile_n == 128
+    # a promoted tile is at most 128 wide (its accumulator and k-tile fragment); where the
+    # model chose 128 x 256 whole-K tiles an fp32 C takes 256 x 128 (two waves), blockwise
+    # 128 x 128
+    tall = fp8_config(GemmConfig(tile_n=256, store_under_mma=True), "tensor", torch.float32)
+    assert (tall.tile_m, tall.tile_n, tall.store_under_mma, tall.promote) == (256, 128,
+                                                                               False, True)
+    assert (fp8_config(wide, "block").tile_m, fp8_config(wide, "block").tile_n) == (128, 128)
+    split_wide = fp8_config(GemmConfig(tile_n=256, split_k=2), "tensor", torch.float32)
+    assert (split_wide.tile_m, split_wide.tile_n) == (128, 128)
     assert not fp8_config(wide, "tensor", torch.bfloat16).promote
     assert not fp8_config(wide, "block", torch.float32).promote
     with pytest.raises(ValueError, match="needs scaling"):

@@ -45,14 +45,14 @@ def quantised(m, n, k, mode, seed=0):
     return a8, b8.t(), scale_a, scale_b, ref  # b (K, N) column-major
 
 
-def check(m, n, k, mode, out_dtype="bfloat16", load="tma"):
+def check(m, n, k, mode, out_dtype="bfloat16", load="tma", config=None):
     import torch
 
     import cutetma
 
     t = getattr(torch, out_dtype)
     a, b, scale_a, scale_b, ref = quantised(m, n, k, mode)
-    out = cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=t, load=load)
+    out = cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=t, load=load, config=config)
     torch.cuda.synchronize()
     assert out.shape == (m, n) and out.dtype == t
     assert not out.isnan().any()
@@ -82,6 +82,21 @@ def test_odd_and_skinny_shapes(mode, m, n, k):
     """Tails in M and N (and N not a multiple of 8: C's rows are padded), small M (split-K
     where the model picks it), a long K."""
     check(m, n, k, mode)
+
+
+@pytest.mark.parametrize("mode,out_dtype", [("block", "bfloat16"), ("tensor", "float32"),
+                                            ("row", "float32")])
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("m,n,k", [(1000, 3000, 1536), (300, 200, 384)])
+def test_tall_promoted_tiles(mode, out_dtype, load, m, n, k):
+    """256 x 128 promoted tiles (each warpgroup's 128 rows in two 64-row waves through one
+    fragment), with M and N tails: rows of the second wave past M, a tile of one wave's
+    rows only."""
+    from cutetma.kernels.gemm_config import GemmConfig
+
+    config = GemmConfig(tile_m=256, tile_n=128, tile_k=128, load=load, scaling=mode,
+                        promote=mode != "block")
+    check(m, n, k, mode, out_dtype, load=load, config=config)
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])

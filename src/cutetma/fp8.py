@@ -17,8 +17,9 @@ fp32 accumulator before C's conversion (``GemmConfig.scaling``; blockwise: each 
 product promoted into the accumulator with its own scales). The tile comes from the 16-bit
 model (``tuning.select_gemm_config``); promoted tiles (blockwise, an fp32 C) are at most 128
 wide (the accumulator and a k-tile's fragment in registers; blockwise also a tile within one
-128-column block of B's scales). Row-wise tiles take any width: the tile's column scales
-pass through shared memory, not registers.
+128-column block of B's scales), and an fp32 C's 256 tall where the model chose 128 x 256
+(two 64-row waves a warpgroup through one fragment). Row-wise tiles take any width: the
+tile's column scales pass through shared memory, not registers.
 """
 
 from __future__ import annotations

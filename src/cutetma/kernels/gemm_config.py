@@ -38,7 +38,8 @@ class GemmConfig:
     # shared-memory buffers of epilogue sub-tiles (pingpong: half for each warpgroup); None:
     # 4, or 2 where that leaves room for one more mainloop stage (``epi_buffers``)
     epi_stages: int | None = None
-    # "cooperative": both consumer warpgroups share each tile (64 rows each);
+    # "cooperative": both consumer warpgroups share each tile (64 rows each; a promoted
+    # 256-row FP8 tile 128 each, ``waves``);
     # "pingpong": each owns whole tiles (64 or 128 rows, at most 128x128 or 64x256 for its
     # registers), alternately, so one's epilogue hides under
     # the other's WGMMAs (named barriers hand the tensor cores back and forth)
@@ -104,8 +105,19 @@ class GemmConfig:
     promote: bool = False
 
     def __post_init__(self):
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"tile_m={self.tile_m}: 64 or 128")
+        if self.tile_m not in (64, 128, 256):
+            raise ValueError(f"tile_m={self.tile_m}: 64 or 128 (256: a promoted FP8 tile)")
+        if self.tile_m == 256 and not (
+                (self.scaling == "block" or self.promote) and self.tile_n <= 128
+                and not (self.store_under_mma or self.split_k > 1 or self.stream_k)):
+            # two consumer warpgroups of 128 rows, each taking its rows as two 64-row waves
+            # through ONE k-tile fragment: accumulator 128 + fragment 64 registers a thread.
+            # An unpromoted tile has no fragment to reuse (128 x 256 holds as much), and a
+            # held epilogue tile or split-K's views would spill past setmaxnreg's 232
+            raise ValueError(f"tile_m=256 is a promoted FP8 tile (scaling='block' or "
+                             f"promote) at most 128 wide, cooperative, whole K, serial "
+                             f"epilogue: got tile_n={self.tile_n}, scaling={self.scaling!r}, "
+                             f"promote={self.promote}")
         if self.tile_n % 16 or not 64 <= self.tile_n <= 384:
             # one m64nNk16 WGMMA per warpgroup and k-step spans the tile's N up to 256, two of
             # N / 2 beyond (``mma_n``). Widths between the powers of two exist to fit a
@@ -191,7 +203,13 @@ class GemmConfig:
 
     @property
     def consumer_groups(self) -> int:
-        return 2 if self.pingpong else self.tile_m // 64
+        return 2 if self.pingpong else min(self.tile_m // 64, 2)
+
+    @property
+    def waves(self) -> int:
+        """64-row WGMMA blocks a consumer warpgroup takes one after another through one
+        k-tile fragment (a promoted 256-row tile: 2; otherwise 1)."""
+        return 1 if self.pingpong else self.tile_m // 64 // self.consumer_groups
 
     @property
     def mma_groups(self) -> int:

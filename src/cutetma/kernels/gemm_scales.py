@@ -11,8 +11,17 @@ in a fragment of its own and add it into the accumulator once it is complete
                   -> release k's stage -> acc += part x scales
 
 The accumulator and the fragment take 128 fp32 registers a thread at 128 x 128 (two
-consumer warpgroups, 64 rows each). Alternating two fragments, so that k - 1's promotion
-ran under k's WGMMAs, measured slower (``docs/perf-log.md``).
+consumer warpgroups, 64 rows each). A 256 x 128 tile (an fp32 C's default where the model
+chose 128 x 256) gives each warpgroup 128 rows, taken as two 64-row waves through the one
+fragment (DeepGEMM's shape; accumulator 128 + fragment 64 registers): a stage of 1.5x a
+128 x 128 tile's bytes feeds twice its WGMMAs::
+
+    k-tile k      wait full -> [WGMMA rows 0..63 into part -> (blockwise: load k's scales)
+                  -> wait_group(0) -> acc[wave 0] += part x scales] -> [the same for rows
+                  64..127, releasing k's stage before its promotion]
+
+Alternating two fragments, so that k - 1's promotion ran under k's WGMMAs, measured slower
+(``docs/perf-log.md``).
 """
 
 from __future__ import annotations
@@ -109,26 +118,33 @@ class Fp8Scales:
                 acc[v] = acc[v] * (sa[offsets.row_of[v]] * b)
 
     @cute.jit
-    def _promote(self, acc, part, sa, sb, offsets):
+    def _promote(self, acc, part, sa, sb, offsets, wave: cutlass.Constexpr = 0):
         """acc += a k-tile's product ``part`` times its scales, in fp32. Blockwise
         (DeepSeek-V3's): scale_a of the row's 128 of K times scale_b of the tile's 128 x 128
         block of B. A promoted fp32 C: per tensor the product of the two scalars, row-wise
         the row's scale_a only (its 32 column scales would stay live through the mainloop
         and spill; they meet the finished tile, ``_scale(rows=False)``). A bare sum would let
         ptxas fold the first promotion into a copy of the fragment, whose registers the next
-        WGMMA then overwrites in flight: it serializes the WGMMAs (C7514)."""
+        WGMMA then overwrites in flight: it serializes the WGMMAs (C7514). ``part`` holds one
+        64-row block of the warpgroup's rows, ``wave`` (the accumulator's M mode; N is one
+        WGMMA wide), so its value v is the accumulator's value ``wave * size(part) + v``."""
         row_only = self.cfg.scaling == "row"
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + part[i] * self._value_scale(sa, sb, offsets, i,
+        size = cute.size(part)
+        for v in cutlass.range_constexpr(size):
+            i = wave * size + v
+            acc[i] = acc[i] + part[v] * self._value_scale(sa, sb, offsets, i,
                                                           cols=not row_only)
 
     @cute.jit
-    def _issue_part(self, tiled_mma, part, tCrA, tCrB, stage):
-        """One k-tile's WGMMAs into ``part`` alone, as one committed group: the caller clears
-        ``tiled_mma``'s ACCUMULATE field, so the first k-step overwrites the fragment."""
+    def _issue_part(self, tiled_mma, part, tCrA, tCrB, stage, wave: cutlass.Constexpr = 0):
+        """One k-tile's WGMMAs for the warpgroup's 64-row block ``wave`` into ``part`` alone,
+        as one committed group: the caller clears ``tiled_mma``'s ACCUMULATE field, so the
+        first k-step overwrites the fragment. A's M mode is divided into blocks of one, so
+        block ``wave`` keeps its rank: (V, 1) x (V, N) -> (V, 1, N) per k-step."""
         cute.nvgpu.warpgroup.fence()
+        blocks_a = cute.logical_divide(tCrA, (None, 1, None, None))
         for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, stage)],
+            cute.gemm(tiled_mma, part, blocks_a[(None, (None, wave), kb, stage)],
                       tCrB[(None, None, kb, stage)], part)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         cute.nvgpu.warpgroup.commit_group()

@@ -54,12 +54,12 @@ scales in ``gemm_scales.py`` (``Fp8Scales``, a mixin).
 
 Constraints: fp16 / bf16 inputs (K-tile 64) or e4m3 (K-tile 128, both K-major, scaled by
 ``GemmConfig.scaling`` on the accumulator), fp32 accumulation, fp16 / bf16 / fp32 output; A
-K-major, B K-major or N-major, C row-major; tile M in {64, 128}, N a multiple of 16 from 64
-to 384 (past 256 two WGMMAs per warpgroup and k-step, the serial epilogue, K whole);
-cluster (1|2|4, 1|2|4), at most 8 CTAs, multicasts A along N and B along M (TMA only); K and
-the contiguous dimensions multiples of 8 elements (16 bytes), 16-byte aligned bases. M, N, K
-need not be multiples of the tile. Run: ``cutetma.gemm(a, b)``; compile-only:
-``pytest tests/test_gemm_ptx.py``.
+K-major, B K-major or N-major, C row-major; tile M in {64, 128} (256: a promoted FP8 tile,
+``GemmConfig.waves``), N a multiple of 16 from 64 to 384 (past 256 two WGMMAs per warpgroup
+and k-step, the serial epilogue, K whole); cluster (1|2|4, 1|2|4), at most 8 CTAs,
+multicasts A along N and B along M (TMA only); K and the contiguous dimensions multiples of
+8 elements (16 bytes), 16-byte aligned bases. M, N, K need not be multiples of the tile.
+Run: ``cutetma.gemm(a, b)``; compile-only: ``pytest tests/test_gemm_ptx.py``.
 """
 
 from __future__ import annotations
@@ -543,8 +543,10 @@ class HopperGemm(PartialSums, Fp8Scales):
         tCcC = tiled_mma.get_slice(mma_tid).partition_C(
             cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
         # FP8: where each k-tile's product is summed into ``acc`` in full fp32 (``part``)
+        # (one 64-row block of the warpgroup's: a 256-row tile's two waves reuse it)
         promotes = cfg.scaling == "block" or cfg.promote
-        part = cute.make_rmem_tensor(acc.layout, cutlass.Float32) if promotes else None
+        part = (cute.make_rmem_tensor((acc.shape[0], 1, acc.shape[2]), cutlass.Float32)
+                if promotes else None)
         # FP8's scales: once per distinct row / column of this thread's values
         offsets = (accumulator.value_offsets(tiled_mma, (cfg.tile_m, cfg.tile_n))
                    if cfg.scaling else None)
@@ -604,30 +606,31 @@ class HopperGemm(PartialSums, Fp8Scales):
                                           cols=cfg.scaling != "row")
                     for k in cutlass.range(k0, k0 + kn, unroll=1):
                         loader.consumer_wait(pipe, read)
-                        # this k-tile alone into ``part`` (its first k-step overwrites it;
-                        # the field is set in the loop body, so the DSL carries
-                        # ``tiled_mma`` through the loop)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        self._issue_part(tiled_mma, part, tCrA, tCrB, read.index)
-                        if cutlass.const_expr(deferred):
-                            # two k-tiles of WGMMAs queued: the previous tile goes out
-                            if k == k0 + 1:
-                                if holding > 0:
-                                    stores = self._store_held(held, held_m, held_n, stores,
-                                                              r2s, tRS_sC, tma_c, sC, gC,
-                                                              epi_sync, warp, store_warp,
-                                                              epi_bufs)
-                                    holding = cutlass.Int32(0)
-                        # blockwise: this k-tile's scales, loaded under its WGMMAs
-                        if cutlass.const_expr(cfg.scaling == "block"):
-                            self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
-                                              mScaleB, m, n, k, mC_tma.shape)
-                        # the product is promoted into the fp32 accumulator, so it must be
-                        # complete (and its stage is free at once)
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        loader.consumer_release(pipe, release)
-                        release.advance()
-                        self._promote(acc, part, scales[0], scales[1], offsets)
+                        for wave in cutlass.range_constexpr(cfg.waves):
+                            # this k-tile's 64-row block ``wave`` alone into ``part`` (its
+                            # first k-step overwrites it; the field is set in the loop body,
+                            # so the DSL carries ``tiled_mma`` through the loop)
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                            self._issue_part(tiled_mma, part, tCrA, tCrB, read.index, wave)
+                            if cutlass.const_expr(deferred and wave == 0):
+                                # two k-tiles of WGMMAs queued: the previous tile goes out
+                                if k == k0 + 1:
+                                    if holding > 0:
+                                        stores = self._store_held(
+                                            held, held_m, held_n, stores, r2s, tRS_sC, tma_c,
+                                            sC, gC, epi_sync, warp, store_warp, epi_bufs)
+                                        holding = cutlass.Int32(0)
+                            # blockwise: this k-tile's scales, loaded under its WGMMAs
+                            if cutlass.const_expr(cfg.scaling == "block" and wave == 0):
+                                self._load_scales(scales[0], scales[1], tCcC, offsets,
+                                                  mScaleA, mScaleB, m, n, k, mC_tma.shape)
+                            # the product is promoted into the fp32 accumulator, so it must
+                            # be complete (after the last wave its stage is free at once)
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            if cutlass.const_expr(wave == cfg.waves - 1):
+                                loader.consumer_release(pipe, release)
+                                release.advance()
+                            self._promote(acc, part, scales[0], scales[1], offsets, wave)
                         read.advance()
                 else:
                     tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
