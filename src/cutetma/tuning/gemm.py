@@ -405,9 +405,9 @@ def fp8_config(cfg: GemmConfig, mode: str, out_dtype=None) -> GemmConfig:
     the raster band kept and no order table (FP8 tiles are not placed yet); blockwise and
     other promoted tiles at most ``PROMOTED_MAX_TILE_N`` wide (blockwise: cooperative, no
     stream-K, split-K's slices summed in order; an fp32 C's 128 x 256 becomes 256 x 128,
-    ``PROMOTED_TALL_TILE``). An fp32 ``out_dtype`` promotes each k-tile
-    into the accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower,
-    which a 16-bit C's rounding hides but an fp32 C shows); None: bf16."""
+    ``PROMOTED_TALL_TILE``). An fp32 ``out_dtype`` promotes each k-tile into the
+    accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower, which a
+    16-bit C's rounding hides but an fp32 C shows); None: bf16."""
     import torch
 
     promote = out_dtype == torch.float32 or mode == "block"
