@@ -227,6 +227,19 @@ def profile_source(out_dir: Path, prefix: str, name: str, workload_args, describ
     return proc.returncode or page.returncode
 
 
+def ncu_table(ncu: str, metrics, script: str, workload_args=(), timeout: int = 400):
+    """ncu over ``script --workload *workload_args``, its launches inside the NVTX range
+    "profile": ``(rows, proc, cmd)``, the CSV's rows (``metrics`` of each launch; none if
+    ncu printed no table), the finished process and the command."""
+    cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
+           "--metrics", ",".join(metrics), "--csv", "--page", "raw",
+           sys.executable, script, "--workload", *workload_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    start = proc.stdout.find('"ID"')
+    rows = list(csv.DictReader(io.StringIO(proc.stdout[start:]))) if start >= 0 else []
+    return rows, proc, cmd
+
+
 def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
             order=("ours_tma", "ours_cp_async", "cublas"), workload_args=(),
             families=()) -> int:
@@ -243,12 +256,7 @@ def run_ncu(out: Path, script: str = __file__, metrics=METRICS,
         counters, listed[prefix] = counters_named(ncu, prefix)
         metrics = list(metrics) + counters
     metrics = supported(ncu, metrics)
-    cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
-           "--metrics", ",".join(metrics), "--csv", "--page", "raw",
-           sys.executable, script, "--workload", *workload_args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    text = proc.stdout[proc.stdout.find('"ID"'):] if '"ID"' in proc.stdout else ""
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows, proc, cmd = ncu_table(ncu, metrics, script, workload_args)
     table = [{"kernel": r.get("Kernel Name", "")[:80], **{m: r.get(m) for m in metrics}}
              for r in rows]
     from cutetma import results

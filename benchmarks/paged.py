@@ -28,6 +28,7 @@ does not measure again (the file must come from the same card), so ``--phases de
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -357,8 +358,6 @@ def plot(rows, path: Path):
 
 
 def main(argv=None):
-    import json
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="bf16, pages 16 / 64 / 128, "
                         "one round")
@@ -423,8 +422,6 @@ def kept_rows(path: Path) -> tuple[list, dict | None]:
     """``--update``: the rows of an existing results file and its run (date, command), if
     it was measured on this card (rows of two cards in one file would read as one run);
     none if there is no file."""
-    import json
-
     from cutetma import results
 
     if not path.exists():

@@ -29,11 +29,8 @@ paper's).
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -141,7 +138,7 @@ def workload(quick: bool):
 
 
 def profile(quick: bool) -> tuple[list[dict], dict]:
-    from gemm_profile import find_ncu, supported
+    from gemm_profile import find_ncu, ncu_table, supported
 
     ncu = find_ncu()
     if not ncu:
@@ -149,17 +146,13 @@ def profile(quick: bool) -> tuple[list[dict], dict]:
     # only the counters this ncu lists (an unlisted one costs its row, not the run)
     metrics = supported(ncu, [m for _, names in ROWS for m in names] + list(EXTRA))
     opcodes = supported(ncu, LOAD_ISSUES)
-    cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "profile/",
-           "--metrics", ",".join(metrics + opcodes), "--csv", "--page", "raw",
-           sys.executable, __file__, "--workload"] + (["--quick"] if quick else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
-    start = proc.stdout.find('"ID"')
-    if start < 0:
+    table, proc, _ = ncu_table(ncu, metrics + opcodes, __file__,
+                               ["--quick"] if quick else [], timeout=540)
+    if '"ID"' not in proc.stdout:
         raise RuntimeError(f"ncu printed no table (rc {proc.returncode}): "
                            f"{(proc.stdout + proc.stderr)[-1500:]}")
     gaps = re.search(r"TABLE2_GAPS (\{.*\})", proc.stdout)
-    table = [r for r in csv.DictReader(io.StringIO(proc.stdout[start:]))
-             if r.get("ID", "").strip().isdigit()]
+    table = [r for r in table if r.get("ID", "").strip().isdigit()]
     # a launch of ours is the attention forward: any other kernel (a torch fill or copy of
     # the descales, a split's combine: none expected) is dropped, not taken for the next case
     table = [r for r in table if not re.search(r"at::|native|elementwise|combine",
