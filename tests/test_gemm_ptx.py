@@ -383,7 +383,7 @@ def test_stream_k_units_cover_every_k_tile_once(tiles, k_tiles, ctas=132):
     """The host run of the kernel's own arithmetic: every (tile, k-tile) in exactly one unit,
     at most one partial per CTA (its workspace slot), each owner's peers exactly the other
     CTAs of its tile and all after it (so no wait cycle), and the work even to one k-tile."""
-    from cutetma.kernels.gemm_sm90 import stream_k_unit
+    from cutetma.kernels.gemm_producers import stream_k_unit
 
     owner_of, units_of = {}, {}
     for cta in range(ctas):

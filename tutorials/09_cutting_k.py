@@ -89,7 +89,7 @@ from _common import graph_time_ms  # tutorials/_common.py: CUDA-graph replays, C
 from cutetma.kernels import build
 from cutetma.kernels.build import gpu_unavailable
 from cutetma.kernels.gemm_config import GemmConfig
-from cutetma.kernels.gemm_sm90 import stream_k_unit
+from cutetma.kernels.gemm_producers import stream_k_unit
 from cutetma.tuning import gemm as model
 from cutetma.tuning.gemm import select_gemm_config
 
