@@ -67,7 +67,10 @@ def test_tall_promoted_tile_takes_two_waves_through_one_fragment(scaling, out_dt
     waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
     assert "0" in waits and "1" not in waits, waits
     if scaling == "block":
-        assert len(re.findall(r"ld\.global\S*\.[bf]32", ptx)) == 4 + 1
+        # scale_a of 4 rows from the stage; scale_b's one value from global memory, the
+        # first k-tile's before the loop and each next one's in it
+        assert len(re.findall(r"ld\.global\S*\.[bf]32", ptx)) == 2
+        assert len(re.findall(r"ld\.shared\S*\.[bf]32", ptx)) == 4
     if shutil.which("ptxas"):
         log = build.ptxas_log(ptx)
         assert not re.search(r"C751[24]", log), log
@@ -119,12 +122,14 @@ def test_fp8_config_rules():
     fp32 = fp8_config(GemmConfig(tile_n=128, schedule="pingpong"), "tensor", torch.float32)
     assert (fp32.promote, fp32.schedule) == (True, "cooperative")
     # a promoted tile is at most 128 wide (its accumulator and k-tile fragment); where the
-    # model chose 128 x 256 whole-K tiles an fp32 C takes 256 x 128 (two waves), blockwise
-    # 128 x 128
+    # model chose 128 x 256 whole-K tiles an fp32 C and blockwise scales take 256 x 128 (two
+    # waves), elsewhere blockwise is 128 x 128
     tall = fp8_config(GemmConfig(tile_n=256, store_under_mma=True), "tensor", torch.float32)
     assert (tall.tile_m, tall.tile_n, tall.store_under_mma, tall.promote) == (256, 128,
                                                                                False, True)
-    assert (fp8_config(wide, "block").tile_m, fp8_config(wide, "block").tile_n) == (128, 128)
+    assert (fp8_config(wide, "block").tile_m, fp8_config(wide, "block").tile_n) == (256, 128)
+    narrow = fp8_config(GemmConfig(tile_n=128), "block")
+    assert (narrow.tile_m, narrow.tile_n, narrow.stage_scale_bytes) == (128, 128, 512)
     split_wide = fp8_config(GemmConfig(tile_n=256, split_k=2), "tensor", torch.float32)
     assert (split_wide.tile_m, split_wide.tile_n) == (128, 128)
     assert not fp8_config(wide, "tensor", torch.bfloat16).promote
@@ -139,8 +144,8 @@ def test_fp8_scales_are_loaded_once_per_row_and_column(tile_n):
     loads its 2 rows' scale_a and one of the tile's N column scales (into shared memory,
     two tiles' worth), and reads each of its columns' scales from there once, so at
     128 x 256 neither its 64 column scales nor 128 values' loads sit in registers (ptxas
-    spilled 180 bytes when they did). Blockwise: 2 rows' scale_a and the tile's one
-    scale_b per k-tile."""
+    spilled 180 bytes when they did). Blockwise: 2 rows' scale_a per k-tile from the stage
+    (loaded with A and B) and the tile's one scale_b from global memory, a k-tile ahead."""
     import re
 
     cfg = GemmConfig(tile_n=tile_n, tile_k=128, scaling="row")
@@ -153,7 +158,8 @@ def test_fp8_scales_are_loaded_once_per_row_and_column(tile_n):
     if shutil.which("ptxas"):
         assert re.search(r"\b0 bytes spill stores", build.ptxas_log(row))
     block = build.compile_scaled_gemm(GemmConfig(tile_n=128, tile_k=128, scaling="block")).ptx
-    assert len(re.findall(r"ld\.global\S*\.[bf]32", block)) == 3
+    assert len(re.findall(r"ld\.global\S*\.[bf]32", block)) == 2
+    assert len(re.findall(r"ld\.shared\S*\.[bf]32", block)) == 2
 
 
 def test_fp8_kernel_refuses_16_bit_operands_with_8_bit_tiles():
@@ -229,6 +235,32 @@ def test_scaled_gemm_checks_before_launch():
         cutetma.scaled_gemm(a, b, one.double(), one)
     with pytest.raises(ValueError, match="CUDA"):
         cutetma.scaled_gemm(a, b, torch.ones(64, 1), torch.ones(1, 96))
+
+
+def test_blockwise_scale_a_row_or_m_major():
+    """Blockwise scale_a is taken row-major or M-major (torch._scaled_mm's layout); the
+    kernel's stages load the M-major form with 16-byte columns, so only that one is used in
+    place."""
+    import torch
+
+    from cutetma.fp8 import _scale_a_in_place, scaling_mode
+
+    sb = torch.ones(2, 3)  # N = 200, K = 300
+    for m in (64, 61):
+        row = torch.ones(m, 3)
+        m_major = row.t().contiguous().t()
+        assert scaling_mode(row, sb, m, 200, 300) == "block"
+        assert scaling_mode(m_major, sb, m, 200, 300) == "block"
+        assert not _scale_a_in_place(row, m)
+        assert _scale_a_in_place(m_major, m) == (m % 4 == 0)
+    assert not _scale_a_in_place(torch.ones(3, 68)[:, :64].t(), 64)  # not packed: copied
+    assert not _scale_a_in_place(torch.ones(3 * 64 + 1)[1:].view(3, 64).t(), 64)  # 4 B base
+    with pytest.raises(ValueError, match="M-major"):
+        scaling_mode(torch.ones(64, 6)[:, ::2], sb, 64, 200, 300)
+    with pytest.raises(ValueError, match="M-major"):
+        scaling_mode(torch.ones(200).as_strided((64, 3), (1, 32)), sb, 64, 200, 300)
+    with pytest.raises(ValueError, match="blockwise"):
+        scaling_mode(torch.ones(64, 3), sb.t().contiguous().t(), 64, 200, 300)
 
 
 def test_custom_op_fake_shape():

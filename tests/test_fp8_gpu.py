@@ -99,6 +99,33 @@ def test_tall_promoted_tiles(mode, out_dtype, load, m, n, k):
     check(m, n, k, mode, out_dtype, load=load, config=config)
 
 
+@pytest.mark.parametrize("load", ["tma", "cp_async"])
+@pytest.mark.parametrize("m", [1000, 301])
+def test_block_scale_a_layouts(load, m):
+    """Blockwise scale_a row-major (copied per call), M-major as torch lays it out (used in
+    place where M is a multiple of 4), M-major with a wider column stride (copied) and on a
+    base off 16 bytes (copied): one result, bit for bit, and within the error bound."""
+    import torch
+
+    import cutetma
+
+    n, k = 384, 1280
+    a, b, scale_a, scale_b, ref = quantised(m, n, k, "block")
+    want = cutetma.scaled_gemm(a, b, scale_a, scale_b, load=load)
+    m_major = scale_a.t().contiguous().t()  # stride (1, M)
+    wide = torch.zeros(k // 128, m + 8, device="cuda")[:, 3:m + 3]
+    wide.copy_(scale_a.t())
+    shifted = torch.empty(m * (k // 128) + 1, device="cuda")[1:].view(k // 128, m)
+    shifted.copy_(scale_a.t())
+    for sa in (m_major, wide.t(), shifted.t()):
+        out = cutetma.scaled_gemm(a, b, sa, scale_b, load=load)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), sa.stride()
+    err = (want.float() - ref).abs().max().item()
+    rounding = (ref.to(torch.bfloat16).float() - ref).abs().max().item()
+    assert err <= 2 * rounding + 1e-3 * ref.abs().max().item()
+
+
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
 def test_output_dtypes(out_dtype):
     check(512, 768, 1024, "row", out_dtype)

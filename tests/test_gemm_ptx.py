@@ -219,6 +219,40 @@ def test_default_stages_fill_shared_memory():
     assert GemmConfig(tile_n=128).num_stages() == 6
 
 
+@pytest.mark.parametrize("kind,options", [
+    ("Float16", dict(tile_n=112, cluster_n=2)),
+    ("fp8", dict(tile_m=256, tile_n=128, tile_k=128, scaling="block")),
+    ("fp8", dict(tile_n=256, tile_k=128, scaling="row"))])
+def test_stage_count_fits_the_kernels_shared_memory(kind, options):
+    """The stage count comes from ``GemmConfig.smem_bytes``, which must be the kernel's
+    ``Storage`` byte for byte, padding included (these tiles once got a stage the struct's
+    1024-byte rounding did not leave room for, and failed to launch)."""
+    from cutetma.kernels import build, gemm_sm90
+    from cutetma.kernels.smem import smem_capacity
+
+    cfg = GemmConfig(**options)
+    made = []
+
+    class Recorded(gemm_sm90.HopperGemm):
+        def __init__(self, config):
+            super().__init__(config)
+            made.append(self)
+
+    original = gemm_sm90.HopperGemm
+    gemm_sm90.HopperGemm = Recorded
+    try:
+        if kind == "fp8":
+            build.compile_scaled_gemm(cfg)
+        else:
+            build.compile_gemm(cfg, kind)
+    finally:
+        gemm_sm90.HopperGemm = original
+    kernel = made[-1]
+    assert kernel.stages == cfg.num_stages(2)
+    size = kernel.storage.size_in_bytes()
+    assert size == cfg.smem_bytes(kernel.stages, 2, kernel.epi_buffers) <= smem_capacity()
+
+
 def test_epilogue_gives_up_two_buffers_only_for_a_stage():
     """Two epilogue buffers instead of four only where the freed shared memory holds one
     more mainloop stage of a pipeline under 8 deep (128 x 96: 6 -> 7, 128 x 192: 4 -> 5,

@@ -212,6 +212,12 @@ def blockwise_and_promotion() -> dict:
     print(f"blockwise 128 x 128: wait_group 0 x {waits.count('0')} (each k-tile complete "
           f"before its promotion), wait_group 1 x {waits.count('1')}")
     error["waits"] = waits
+    # each stage carries its k-tile's scale_a of the tile's rows: a third TMA box on the
+    # stage's full barrier, so the promotion reads it from shared memory
+    error["stage_loads"] = len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared", ptx))
+    print(f"blockwise 128 x 128: {error['stage_loads']} TMA loads a stage (A, B and the "
+          f"tile's 128 rows of scale_a, one full barrier); global scale loads left: "
+          f"{len(re.findall(r'ld[.]global', ptx))} (scale_b's, a k-tile ahead)")
     tall = build.compile_scaled_gemm(GemmConfig(tile_m=256, tile_n=128, tile_k=128,
                                                 scaling="tensor", promote=True), "Float32").ptx
     error["tall_wgmmas"] = len(re.findall(r"wgmma\.mma_async\S*\.m64n128k32", tall))
@@ -330,7 +336,7 @@ def main() -> int:
     ok = (equal and renamed and found["tensor"][0] == 4
           and errors["row"][1] < errors["tensor"][1] and block["block"] < block["row"]
           and "0" in block["waits"] and "1" not in block["waits"]
-          and block["tall_wgmmas"] == 8)
+          and block["tall_wgmmas"] == 8 and block["stage_loads"] == 3)
     return 0 if ok else 1
 
 

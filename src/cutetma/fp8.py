@@ -5,8 +5,9 @@ column-major, both ``torch.float8_e4m3fn`` (WGMMA reads 8-bit operands K-major o
 ``b.t()`` must be K-major), fp32 scales on the device: one value each (per tensor),
 ``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise), or ``scale_a`` (M, ceil(K / 128)) and
 ``scale_b`` (ceil(N / 128), ceil(K / 128)) (blockwise, DeepSeek-V3's recipe: one scale per
-128 values of an activation row, one per 128 x 128 block of weights, both row-major); C =
-(scale_a scale_b) (a @ b) in ``out_dtype``::
+128 values of an activation row, one per 128 x 128 block of weights; ``scale_a`` row- or
+M-major, the latter torch's layout and used in place, a row-major one copied per call to the
+M-major form the stages load); C = (scale_a scale_b) (a @ b) in ``out_dtype``::
 
     torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
     cutetma.scaled_gemm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
@@ -17,9 +18,11 @@ fp32 accumulator before C's conversion (``GemmConfig.scaling``; blockwise: each 
 product promoted into the accumulator with its own scales). The tile comes from the 16-bit
 model (``tuning.select_gemm_config``); promoted tiles (blockwise, an fp32 C) are at most 128
 wide (the accumulator and a k-tile's fragment in registers; blockwise also a tile within one
-128-column block of B's scales), and an fp32 C's 256 tall where the model chose 128 x 256
-(two 64-row waves a warpgroup through one fragment). Row-wise tiles take any width: the
-tile's column scales pass through shared memory, not registers.
+128-column block of B's scales), and 256 tall (fp32 C, blockwise) where the model chose
+128 x 256 (two 64-row waves a warpgroup through one fragment). Blockwise stages carry the
+k-tile's scale_a of the tile's rows beside A and B (a TMA box of the M-major copy).
+Row-wise tiles take any width: the tile's column scales pass through shared memory, not
+registers.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class _ScaledPlan:
     cfg: GemmConfig | None = None
     clusters: int = 0
     workspace: tuple | None = None  # None: per call (split-K's belongs to the stream)
+    scale_a_in_place: bool = False  # blockwise: scale_a already as the stages load it
 
     def __call__(self, a, b, scale_a, scale_b):
         per = 16 // self.out_dtype.itemsize  # C's rows padded to 16 bytes (a TMA store)
@@ -91,6 +95,10 @@ class _ScaledPlan:
         if self.launch is None:
             return out.zero_()
         b_nk = b.t()
+        if self.cfg.scaling == "block" and not self.scale_a_in_place:
+            # the stages load scale_a's column of the tile's rows (a TMA box, 16-byte
+            # cp.async): an M-major copy, columns padded to 16 bytes
+            scale_a = torch.nn.functional.pad(scale_a.t(), (0, -self.m % 4)).contiguous()
         workspace = self.workspace
         if workspace is None:
             workspace = _gemm_workspace(self.cfg, self.m, self.n, self.device, self.clusters)
@@ -116,11 +124,24 @@ def scaling_mode(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int,
     if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n) and contiguous:
         return "row"
     kb, nb = -(-k // 128), -(-n // 128)
-    if tuple(scale_a.shape) == (m, kb) and tuple(scale_b.shape) == (nb, kb) and contiguous:
+    # blockwise scale_a: row-major, or M-major as torch._scaled_mm takes it (stride (1, >= M))
+    a_layout_ok = scale_a.is_contiguous() or (scale_a.stride(0) == 1 and scale_a.stride(1) >= m)
+    if (tuple(scale_a.shape) == (m, kb) and tuple(scale_b.shape) == (nb, kb) and a_layout_ok
+            and scale_b.is_contiguous()):
         return "block"
     raise ValueError(f"scales {tuple(scale_a.shape)} and {tuple(scale_b.shape)}: one value "
                      f"each (per tensor), contiguous ({m}, 1) and (1, {n}) (row-wise), or "
-                     f"contiguous ({m}, {kb}) and ({nb}, {kb}) (blockwise, 128 of K and N)")
+                     f"({m}, {kb}) row- or M-major and contiguous ({nb}, {kb}) (blockwise, "
+                     "128 of K and N)")
+
+
+def _scale_a_in_place(scale_a: torch.Tensor, m: int) -> bool:
+    """Whether the kernel's stages can load a blockwise scale_a as it is: M-major and packed
+    (stride (1, M)), M a multiple of 4 (the cp.async twin reads 16-byte vectors, which then
+    stay inside the tensor), on a 16-byte base."""
+    return (scale_a.stride(0) == 1 and m % 4 == 0
+            and (scale_a.shape[1] == 1 or scale_a.stride(1) == m)
+            and scale_a.data_ptr() % 16 == 0)
 
 
 def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
@@ -169,6 +190,7 @@ def _plan(a, b, scale_a, scale_b, out_dtype, load, config) -> _ScaledPlan:
     cfg = fp8_config(cfg, mode, out_dtype)
     _check_deterministic(cfg)
     plan.cfg = cfg
+    plan.scale_a_in_place = mode == "block" and _scale_a_in_place(scale_a, m)
     plan.clusters = runtime.max_active_clusters(cfg.cluster_m * cfg.cluster_n, a.device.index)
     workspace = _gemm_workspace(cfg, m, n, a.device, plan.clusters)
     if cfg.split_k == 1 and not cfg.stream_k:

@@ -263,7 +263,8 @@ def compile_scaled_gemm(cfg, out_name: str = "BFloat16", max_active_clusters: in
         workspace = (None, None, order)
     fp8 = cutlass.Float8E4M3FN
     return dsl.compile_ptx(HopperGemm(cfg).scaled_from_pointers, pointer(fp8), pointer(fp8),
-                           pointer(getattr(cutlass, out_name)), pointer(cutlass.Float32, 4),
+                           pointer(getattr(cutlass, out_name)),
+                           pointer(cutlass.Float32, cfg.scale_a_align),
                            pointer(cutlass.Float32, 4), *(cutlass.Int32(128),) * 4,
                            *(cutlass.Int64(128),) * 3, clusters, make_fake_stream(),
                            *workspace)

@@ -244,7 +244,21 @@ class GemmConfig:
         return 128 // self.tile_k
 
     def stage_bytes(self, elem_bytes: int | None = None) -> int:
-        return (self.tile_m + self.tile_n) * self.tile_k * (elem_bytes or self.ab_bytes)
+        """A and B of one k-tile (blockwise FP8: and the tile's rows' fp32 scale_a)."""
+        return ((self.tile_m + self.tile_n) * self.tile_k * (elem_bytes or self.ab_bytes)
+                + self.stage_scale_bytes)
+
+    @property
+    def scale_a_align(self) -> int:
+        """The byte alignment scale_a's base is declared with: 16 where the stages load it
+        (TMA boxes, 16-byte cp.async), else 4."""
+        return 16 if self.stage_scale_bytes else 4
+
+    @property
+    def stage_scale_bytes(self) -> int:
+        """Blockwise FP8: each stage carries its k-tile's scale_a of the tile's rows (fp32),
+        loaded with A and B and counted by the same full barrier."""
+        return self.tile_m * 4 if self.scaling == "block" else 0
 
     def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
         return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))
@@ -258,9 +272,28 @@ class GemmConfig:
     def scale_bytes(self) -> int:
         return 2 * self.tile_n * 4 if self.stages_column_scales else 0
 
+    def smem_bytes(self, stages: int, out_bytes: int, buffers: int) -> int:
+        """The kernel's shared memory (``HopperGemm``'s ``Storage``, field by field): the
+        barriers and tickets, padded to the 1024-byte alignment of A's stages; A, B and C's
+        buffers (each a multiple of 1024 bytes); then the FP8 scales (row-wise column
+        scales, blockwise each stage's scale_a at 128-byte alignment, a word each where
+        unused), the whole rounded up to its 1024-byte alignment."""
+        def up(x, to):
+            return -(-x // to) * to
+
+        head = up(stages * 2 * 8 + 4 * 4, 1024)
+        tail = max(self.scale_bytes(), 4)
+        tail = up(tail, 128) + stages * self.stage_scale_bytes if self.stage_scale_bytes \
+            else tail + 4
+        ab = (self.tile_m + self.tile_n) * self.tile_k * self.ab_bytes
+        return head + stages * ab + self.epi_bytes(out_bytes, buffers) + up(tail, 1024)
+
     def _stages_fit(self, out_bytes: int, buffers: int) -> int:
-        return (smem_capacity() - 1024 - self.epi_bytes(out_bytes, buffers)
-                - self.scale_bytes()) // self.stage_bytes()
+        """The most stages whose ``smem_bytes`` fit in the CTA's shared memory."""
+        stages = (smem_capacity() - self.epi_bytes(out_bytes, buffers)) // self.stage_bytes()
+        while stages > 0 and self.smem_bytes(stages, out_bytes, buffers) > smem_capacity():
+            stages -= 1
+        return stages
 
     def epi_buffers(self, out_bytes: int = 2) -> int:
         """Epilogue sub-tile buffers: ``epi_stages`` if given; else 4, or 2 where the

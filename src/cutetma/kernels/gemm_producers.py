@@ -4,8 +4,9 @@ One schedule (``_produce``) walks the CTA's work units (``_work``: the static pe
 scheduler's tiles, stream-K's units from ``stream_k_unit``, or the cluster order table's
 entries) and, for each k-tile, takes an empty stage and hands it to a stage loader::
 
-    produce_tma        one warp: A and B, one box each (multicast to the cluster's
-                       sharers); the stage's full barrier counts the bytes
+    produce_tma        one warp: A and B (multicast to the cluster's sharers) and, blockwise
+                       FP8, the tile's rows of the k-tile's scale_a, one box each; the stage's
+                       full barrier counts the bytes
     produce_cp_async   a warpgroup: 16-byte vectors of the same tiles into the same swizzled
                        stage (zero-filled past K), then each thread arrives on the full barrier
 
@@ -127,9 +128,11 @@ class GemmProducers:
 
     @cute.jit
     def produce_tma(self, pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk, tile_nk,
-                    k_tiles, cta_layout, cluster_crd, sched, mOrder, first_entry):
+                    k_tiles, cta_layout, cluster_crd, sched, mOrder, first_entry,
+                    tma_s=None, mS_tma=None, sS=None):
         """One warp: each k-tile of A and B by TMA into the next stage, multicast to the CTAs
-        of the cluster that share it; the stage's full barrier counts the bytes."""
+        of the cluster that share it; the stage's full barrier counts the bytes. Blockwise
+        FP8: the k-tile's scale_a of the tile's rows too, one box per CTA."""
         cfg = self.cfg
         gA = cute.local_tile(mA_tma, tile_mk, (None, None))
         gB = cute.local_tile(mB_tma, tile_nk, (None, None))
@@ -145,27 +148,50 @@ class GemmProducers:
         if cutlass.const_expr(cfg.b_sharers > 1):
             b_share = b_mask
         loader = self.loader
+        scales = cfg.stage_scale_bytes > 0
+        tSsS, tSgS = None, None
+        if cutlass.const_expr(scales):
+            gS = cute.local_tile(mS_tma, (cfg.tile_m, 1), (None, None))
+            tSsS, tSgS = tma.partition(tma_s, sS, gS, box_rank=2)
 
         def load_stage(m, n, k, state):
             bar = pipe.producer_get_barrier(state)
             loader.load(tma_a, tAgA[(None, m, k)], tAsA[(None, state.index)], bar, a_share)
             loader.load(tma_b, tBgB[(None, n, k)], tBsB[(None, state.index)], bar, b_share)
+            if cutlass.const_expr(scales):
+                loader.load(tma_s, tSgS[(None, m, k)], tSsS[(None, state.index)], bar)
 
         self._produce(pipe, k_tiles, sched, mOrder, first_entry, load_stage)
 
     @cute.jit
     def produce_cp_async(self, pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
-                         mOrder, first_entry):
+                         mOrder, first_entry, mScaleA=None, sS=None):
         """A warpgroup: every thread copies its 16-byte vectors of each k-tile into the same
         swizzled stage (the pointer carries the swizzle), zero-filling past K, then arrives
-        on the stage's full barrier when its copies land."""
+        on the stage's full barrier when its copies land. Blockwise FP8: the first
+        tile_m / 4 threads also copy a 16-byte vector of the k-tile's scale_a (rows past M
+        skipped: their values are never stored)."""
+        cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         a_part = cpa.partition_operand(mA, sA, tile_mk, tidx, WARPGROUP)
         b_part = cpa.partition_operand(mB, sB, tile_nk, tidx, WARPGROUP)
+        scales = cfg.stage_scale_bytes > 0
+        s_threads = cfg.tile_m // 4
+        s_copy, tSgS, tSsS = None, None, None
+        if cutlass.const_expr(scales):
+            s_copy, _ = cpa.tiled_copy(cutlass.Float32, cfg.tile_m, 1, s_threads, contiguous=0)
+            thr = s_copy.get_slice(tidx % s_threads)
+            tSgS = thr.partition_S(cute.local_tile(cpa.aligned_rows(mScaleA), (cfg.tile_m, 1),
+                                                   (None, None)))
+            tSsS = thr.partition_D(sS)
 
         def load_stage(m, n, k, state):
             cpa.load_tile(a_part, m, k, state.index, mA.shape, tile_mk)
             cpa.load_tile(b_part, n, k, state.index, mB.shape, tile_nk)
+            if cutlass.const_expr(scales):
+                if tidx < s_threads and m * cfg.tile_m + tidx * 4 < mScaleA.shape[0]:
+                    cute.copy(s_copy, tSgS[(None, None, None, m, k)],
+                              tSsS[(None, None, None, state.index)])
 
         self._produce(pipe, k_tiles, sched, mOrder, first_entry, load_stage)
 

@@ -7,16 +7,17 @@ Per-tensor and row-wise scales dequantise the finished fp32 accumulator once
 in a fragment of its own and add it into the accumulator once it is complete
 (``HopperGemm.consume``)::
 
-    k-tile k      wait full -> WGMMA into part -> load k's scales -> wait_group(0)
-                  -> release k's stage -> acc += part x scales
+    k-tile k      wait full -> WGMMA into part -> k's scales (blockwise: scale_a from the
+                  stage, which the producer filled with A and B; scale_b loaded a k-tile
+                  ahead) -> wait_group(0) -> release k's stage -> acc += part x scales
 
 The accumulator and the fragment take 128 fp32 registers a thread at 128 x 128 (two
-consumer warpgroups, 64 rows each). A 256 x 128 tile (an fp32 C's default where the model
+consumer warpgroups, 64 rows each). A 256 x 128 tile (fp32 C and blockwise, where the model
 chose 128 x 256) gives each warpgroup 128 rows, taken as two 64-row waves through the one
 fragment (DeepGEMM's shape; accumulator 128 + fragment 64 registers): a stage of 1.5x a
 128 x 128 tile's bytes feeds twice its WGMMAs::
 
-    k-tile k      wait full -> [WGMMA rows 0..63 into part -> (blockwise: load k's scales)
+    k-tile k      wait full -> [WGMMA rows 0..63 into part -> (blockwise: k's scales)
                   -> wait_group(0) -> acc[wave 0] += part x scales] -> [the same for rows
                   64..127, releasing k's stage before its promotion]
 
@@ -65,6 +66,14 @@ class Fp8Scales:
                         sb[j] = cutlass.Float32(0.0)
                         if col0 + offsets.cols[j] < shape_mn[1]:
                             sb[j] = mScaleB[col0 + offsets.cols[j]]
+
+    @cute.jit
+    def _stage_block_scales(self, sa, tCcC, offsets, sS, stage):
+        """Blockwise: ``sa`` from the stage's scale_a (the producer loaded the k-tile's
+        rows with A and B)."""
+        row0 = tCcC[0][0]
+        for j in cutlass.range_constexpr(len(offsets.rows)):
+            sa[j] = sS[row0 + offsets.rows[j], 0, stage]
 
     def _scale_fragments(self, offsets):
         """Register fragments for one set of scales (``_load_scales``'s ``sa``, ``sb``)."""

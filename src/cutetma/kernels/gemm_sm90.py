@@ -170,6 +170,11 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         tma_b, mB_tma = tma.load_atom(mB, cute.slice_(sB_layout, (None, None, 0)),
                                       (cfg.tile_n, cfg.tile_k), cfg.b_sharers)
         tma_c, mC_tma = tma.store_atom(mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile)
+        # blockwise FP8: each k-tile's scale_a of the tile's rows, a box of M-major fp32
+        tma_s, mS_tma = None, None
+        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+            tma_s, mS_tma = tma.load_atom(mScaleA, cute.make_layout((cfg.tile_m, 1)),
+                                          (cfg.tile_m, 1))
 
         tiles_mnl = (cute.ceil_div(mC.shape[0], cfg.tile_m),
                      cute.ceil_div(mC.shape[1], cfg.tile_n), cfg.split_k)
@@ -180,6 +185,13 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         if cutlass.const_expr(cfg.stream_k):  # every SM: the last waves' k-tiles are shared
             grid = (max_active_clusters, 1, 1)
 
+        # blockwise FP8's per-stage scale_a: 128-byte aligned for TMA; elsewhere one bare
+        # word, so the 16-bit kernels' shared memory is what their stage count assumed
+        stage_scales_type = cute.struct.MemRange[cutlass.Float32, 1]
+        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+            stage_scales_type = cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float32, cfg.stage_scale_bytes // 4 * stages], 128]
+
         @cute.struct
         class Storage:
             barriers: cute.struct.MemRange[cutlass.Int64, stages * 2]
@@ -189,6 +201,8 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], 1024]
             # row-wise FP8: two tiles' column scales (a word where unused)
             scales: cute.struct.MemRange[cutlass.Float32, max(cfg.scale_bytes() // 4, 1)]
+            # blockwise FP8: each stage's scale_a (a word where unused)
+            sS: stage_scales_type
 
         self.storage = Storage
         self.stages = stages
@@ -196,7 +210,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         self.c_major = c_major
         self.kernel(tma_a, mA_tma, tma_b, mB_tma, tma_c, mC_tma, mA, mB, tiled_mma,
                     sA_layout, sB_layout, sC_layout, sched, mPartials, mFlags, mOrder,
-                    mScaleA, mScaleB).launch(
+                    mScaleA, mScaleB, tma_s, mS_tma).launch(
             grid=grid, block=(cfg.threads, 1, 1), cluster=(cfg.cluster_m, cfg.cluster_n, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=cfg.pdl)
 
@@ -239,8 +253,10 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         if cutlass.const_expr(self.cfg.scaling == "block"):
             # (M, K / 128) and (N / 128, K / 128), row-major, blocks rounded up
             k_blocks = (ka + 127) // 128
-            mScaleA = cute.make_tensor(pScaleA, cute.make_layout((m, k_blocks),
-                                                                 stride=(k_blocks, 1)))
+            # scale_a M-major, its columns padded to 16 bytes (TMA's stride rule): the
+            # plan passes scale_a.t() so (``fp8._ScaledPlan``)
+            mScaleA = cute.make_tensor(pScaleA, cute.make_layout(
+                (m, k_blocks), stride=(1, cute.assume((m + 3) // 4 * 4, divby=4))))
             mScaleB = cute.make_tensor(pScaleB, cute.make_layout(((n + 127) // 128, k_blocks),
                                                                  stride=(k_blocks, 1)))
         else:
@@ -258,7 +274,8 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                sC_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams,
                mPartials: cute.Tensor, mFlags: cute.Tensor, mOrder: cute.Tensor,
-               mScaleA: cute.Tensor, mScaleB: cute.Tensor):
+               mScaleA: cute.Tensor, mScaleB: cute.Tensor, tma_s: cute.CopyAtom,
+               mS_tma: cute.Tensor):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -267,6 +284,8 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
             tma.prefetch(tma_a)
             tma.prefetch(tma_b)
             tma.prefetch(tma_c)
+            if cutlass.const_expr(cfg.stage_scale_bytes > 0 and cfg.load == "tma"):
+                tma.prefetch(tma_s)
         if cutlass.const_expr(not cfg.pdl):
             # the first work unit's table entry: its round trip overlaps the barriers' set-up
             # (under pdl it waits for the previous kernel, below, as every global access does)
@@ -280,9 +299,13 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sS = None
+        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+            sS = storage.sS.get_tensor(cute.make_layout((cfg.tile_m, 1, self.stages)))
 
         stage_bytes = cute.size_in_bytes(mA.element_type, cute.slice_(sA_layout, (None, None, 0)))
         stage_bytes += cute.size_in_bytes(mB.element_type, cute.slice_(sB_layout, (None, None, 0)))
+        stage_bytes += cfg.stage_scale_bytes
         consumer_warps = cfg.mma_groups * 4  # the warps that read each stage
         pipe = self.loader.make_pipeline(
             storage.barriers.data_ptr(), self.stages, WARPGROUP, consumer_warps, stage_bytes,
@@ -310,22 +333,22 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                 if warp == 0:
                     self.produce_tma(pipe, tma_a, mA_tma, tma_b, mB_tma, sA, sB, tile_mk,
                                      tile_nk, k_tiles, cta_layout, cluster_crd, sched, mOrder,
-                                     first_entry)
+                                     first_entry, tma_s, mS_tma, sS)
             else:
                 self.produce_cp_async(pipe, mA, mB, sA, sB, tile_mk, tile_nk, k_tiles, sched,
-                                      mOrder, first_entry)
+                                      mOrder, first_entry, mScaleA, sS)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             self.consume(pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                          mPartials, mFlags, storage.tickets.get_tensor(cute.make_layout(4)),
                          mOrder, first_entry, mScaleA, mScaleB,
                          storage.scales.get_tensor(cute.make_layout((cfg.tile_n, 2)))
-                         if cutlass.const_expr(cfg.stages_column_scales) else None)
+                         if cutlass.const_expr(cfg.stages_column_scales) else None, sS)
 
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sB, sC, tma_c, mC_tma, k_tiles, sched,
                 mPartials, mFlags, sTickets, mOrder, first_entry, mScaleA=None, mScaleB=None,
-                sScales=None):
+                sScales=None, sS=None):
         """A consumer warpgroup: WGMMA over the k-tiles with one group in flight, then the
         epilogue: registers -> stmatrix -> shared -> TMA store.
 
@@ -437,6 +460,12 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                         self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
                                           mScaleB, m, n, k0, mC_tma.shape,
                                           cols=cfg.scaling != "row")
+                    # blockwise: scale_b of the first k-tile; each k-tile loads the next's,
+                    # so its one global load lands under a whole k-tile
+                    b_block = n * cfg.tile_n // 128
+                    sb_next = cutlass.Float32(0.0)
+                    if cutlass.const_expr(cfg.scaling == "block"):
+                        sb_next = mScaleB[b_block, k0]
                     for k in cutlass.range(k0, k0 + kn, unroll=1):
                         loader.consumer_wait(pipe, read)
                         for wave in cutlass.range_constexpr(cfg.waves):
@@ -453,10 +482,13 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                                             held, held_m, held_n, stores, r2s, tRS_sC, tma_c,
                                             sC, gC, epi_sync, warp, store_warp, epi_bufs)
                                         holding = cutlass.Int32(0)
-                            # blockwise: this k-tile's scales, loaded under its WGMMAs
+                            # blockwise: this k-tile's scales, scale_a from its stage,
+                            # scale_b loaded a k-tile ago; then the next k-tile's scale_b
                             if cutlass.const_expr(cfg.scaling == "block" and wave == 0):
-                                self._load_scales(scales[0], scales[1], tCcC, offsets,
-                                                  mScaleA, mScaleB, m, n, k, mC_tma.shape)
+                                self._stage_block_scales(scales[0], tCcC, offsets, sS,
+                                                         read.index)
+                                scales[1][0] = sb_next
+                                sb_next = mScaleB[b_block, cutlass.min(k + 1, k0 + kn - 1)]
                             # the product is promoted into the fp32 accumulator, so it must
                             # be complete (after the last wave its stage is free at once)
                             cute.nvgpu.warpgroup.wait_group(0)

@@ -256,7 +256,8 @@ def scaled_gemm_launch(c_dtype, cfg, clusters: int, workspace=()):
     def build():
         _, stream = _dsl()
         fp8 = typed_pointer(torch.float8_e4m3fn)
-        args = (fp8, fp8, typed_pointer(c_dtype), typed_pointer(torch.float32, 4),
+        args = (fp8, fp8, typed_pointer(c_dtype),
+                typed_pointer(torch.float32, cfg.scale_a_align),
                 typed_pointer(torch.float32, 4), 1, 1, 1, 1, 1, 1, 1, clusters, stream,
                 *workspace)
         return _compiled(ScaledGemmLaunch, "cutetma.kernels.gemm_sm90",

@@ -395,8 +395,8 @@ def check_split_workspace(m: int, n: int, cfg, device_bytes: int) -> int:
 
 # FP8 (``cutetma.scaled_gemm``): a promoted tile (blockwise, an fp32 C) at most this wide
 PROMOTED_MAX_TILE_N = 128
-# ... and 256 rows (fp32 C) where the 16-bit model chose 128 x 256 (docs/design.md, "FP8
-# GEMM": 1016 -> 1124 TFLOP/s per tensor at 4096^3, H100)
+# ... and 256 rows (fp32 C, blockwise) where the 16-bit model chose 128 x 256 (docs/design.md,
+# "FP8 GEMM": per tensor fp32 C 1016 -> 1124 TFLOP/s at 4096^3, blockwise 912 -> 1134, H100)
 PROMOTED_TALL_TILE = True
 
 
@@ -404,18 +404,19 @@ def fp8_config(cfg: GemmConfig, mode: str, out_dtype=None) -> GemmConfig:
     """A 16-bit configuration as the FP8 kernel's: 128-element k-tiles, the scaling mode,
     the raster band kept and no order table (FP8 tiles are not placed yet); blockwise and
     other promoted tiles at most ``PROMOTED_MAX_TILE_N`` wide (blockwise: cooperative, no
-    stream-K, split-K's slices summed in order; an fp32 C's 128 x 256 becomes 256 x 128,
-    ``PROMOTED_TALL_TILE``). An fp32 ``out_dtype`` promotes each k-tile into the
-    accumulator in fp32 (``GemmConfig.promote``: FP8 WGMMA's own sum is narrower, which a
-    16-bit C's rounding hides but an fp32 C shows); None: bf16."""
+    stream-K, split-K's slices summed in order; where the model chose 128 x 256, an fp32
+    C's or a blockwise tile becomes 256 x 128, ``PROMOTED_TALL_TILE``). An fp32
+    ``out_dtype`` promotes each k-tile into the accumulator in fp32 (``GemmConfig.promote``:
+    FP8 WGMMA's own sum is narrower, which a 16-bit C's rounding hides but an fp32 C shows);
+    None: bf16."""
     import torch
 
     promote = out_dtype == torch.float32 or mode == "block"
-    # where the model chose 128 x 256 whole-K cooperative tiles, an fp32 C's promoted tile
-    # takes the same area on its side: 256 x 128, each warpgroup's rows in two waves through
-    # one k-tile fragment (accumulator 128 + fragment 64 registers a thread). Blockwise
-    # stays 128 x 128: its per-k-tile scale loads made the tall tile slower (design.md)
-    tall = (promote and mode != "block" and PROMOTED_TALL_TILE
+    # where the model chose 128 x 256 whole-K cooperative tiles, a promoted tile takes the
+    # same area on its side: 256 x 128, each warpgroup's rows in two waves through one
+    # k-tile fragment (accumulator 128 + fragment 64 registers a thread); blockwise scale_a
+    # comes with each stage, so neither wave waits on a global load (design.md)
+    tall = (promote and PROMOTED_TALL_TILE
             and (cfg.tile_m, cfg.tile_n) == (128, 256) and cfg.schedule == "cooperative"
             and cfg.split_k == 1 and not cfg.stream_k)
     if promote and not tall and (cfg.schedule != "cooperative" or cfg.stream_k
