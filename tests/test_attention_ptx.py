@@ -552,7 +552,7 @@ def test_default_configs_keep_wgmma_async_without_spills(dtype):
 
 @pytest.mark.skipif(shutil.which("ptxas") is None or build.find_nvdisasm() is None,
                     reason="needs ptxas and nvdisasm (the test extra's nvidia-cuda-nvdisasm)")
-@pytest.mark.parametrize("dtype", ["Float16", "BFloat16"])
+@pytest.mark.parametrize("dtype", ["BFloat16"])  # the loop's schedule is fp16's too
 def test_softmax_sits_where_pv_wait_says_in_the_sass(dtype):
     """The SASS of the key-block loop, for every default overlap / pingpong configuration and
     d = 128 with the other wait: with pv_wait "late" no wait for P V lies between the wait for
