@@ -253,8 +253,8 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         if cutlass.const_expr(self.cfg.scaling == "block"):
             # (M, K / 128) and (N / 128, K / 128), row-major, blocks rounded up
             k_blocks = (ka + 127) // 128
-            # scale_a M-major, its columns padded to 16 bytes (TMA's stride rule): the
-            # plan passes scale_a.t() so (``fp8._ScaledPlan``)
+            # scale_a M-major, its columns padded to 16 bytes (TMA's stride rule): torch's
+            # layout where M is a multiple of 4, else the plan's copy (``fp8._ScaledPlan``)
             mScaleA = cute.make_tensor(pScaleA, cute.make_layout(
                 (m, k_blocks), stride=(1, cute.assume((m + 3) // 4 * 4, divby=4))))
             mScaleB = cute.make_tensor(pScaleB, cute.make_layout(((n + 127) // 128, k_blocks),
