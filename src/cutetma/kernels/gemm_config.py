@@ -285,7 +285,7 @@ class GemmConfig:
         tail = max(self.scale_bytes(), 4)
         tail = up(tail, 128) + stages * self.stage_scale_bytes if self.stage_scale_bytes \
             else tail + 4
-        ab = (self.tile_m + self.tile_n) * self.tile_k * self.ab_bytes
+        ab = self.stage_bytes() - self.stage_scale_bytes  # the stage's A and B
         return head + stages * ab + self.epi_bytes(out_bytes, buffers) + up(tail, 1024)
 
     def _stages_fit(self, out_bytes: int, buffers: int) -> int:

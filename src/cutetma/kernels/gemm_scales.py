@@ -34,13 +34,13 @@ cutlass, cute = dsl.cutlass()
 
 class Fp8Scales:
     @cute.jit
-    def _load_scales(self, sa, sb, tCcC, offsets, mScaleA, mScaleB, m, n, k, shape_mn,
+    def _load_scales(self, sa, sb, tCcC, offsets, mScaleA, mScaleB, m, n, shape_mn,
                      rows: cutlass.Constexpr = True, cols: cutlass.Constexpr = True):
-        """Fill ``sa`` (``rows``) and ``sb`` (``cols``) with the scales of this thread's
-        values in tile (m, n) (blockwise: of k-tile ``k``): scale_a of each distinct row and
-        scale_b of each distinct column, one of each for "tensor", one scale_b (the tile's
-        128-column block) for "block". Rows and columns past M or N take 0 (their values are
-        never stored)."""
+        """Per tensor and row-wise: fill ``sa`` (``rows``) and ``sb`` (``cols``) with the
+        scales of this thread's values in tile (m, n): scale_a of each distinct row and
+        scale_b of each distinct column, one of each for "tensor". Rows and columns past M
+        or N take 0 (their values are never stored). Blockwise scales come from the stage
+        (``_stage_block_scales``) and a k-tile ahead (``HopperGemm.consume``)."""
         cfg = self.cfg
         row0, col0 = tCcC[0]
         row0 = m * cfg.tile_m + row0
@@ -53,19 +53,12 @@ class Fp8Scales:
                 for j in cutlass.range_constexpr(len(offsets.rows)):
                     sa[j] = cutlass.Float32(0.0)
                     if row0 + offsets.rows[j] < shape_mn[0]:
-                        if cutlass.const_expr(cfg.scaling == "block"):
-                            sa[j] = mScaleA[row0 + offsets.rows[j], k]
-                        else:
-                            sa[j] = mScaleA[row0 + offsets.rows[j]]
+                        sa[j] = mScaleA[row0 + offsets.rows[j]]
             if cutlass.const_expr(cols):
-                if cutlass.const_expr(cfg.scaling == "block"):
-                    # the tile lies in one 128-column block of B (tile_n divides 128)
-                    sb[0] = mScaleB[n * cfg.tile_n // 128, k]
-                else:
-                    for j in cutlass.range_constexpr(len(offsets.cols)):
-                        sb[j] = cutlass.Float32(0.0)
-                        if col0 + offsets.cols[j] < shape_mn[1]:
-                            sb[j] = mScaleB[col0 + offsets.cols[j]]
+                for j in cutlass.range_constexpr(len(offsets.cols)):
+                    sb[j] = cutlass.Float32(0.0)
+                    if col0 + offsets.cols[j] < shape_mn[1]:
+                        sb[j] = mScaleB[col0 + offsets.cols[j]]
 
     @cute.jit
     def _stage_block_scales(self, sa, tCcC, offsets, sS, stage):

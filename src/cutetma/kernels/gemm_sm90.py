@@ -458,7 +458,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                     # the tile's scales (tensor, row: applied as each k-tile is promoted)
                     if cutlass.const_expr(cfg.scaling in ("tensor", "row")):
                         self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
-                                          mScaleB, m, n, k0, mC_tma.shape,
+                                          mScaleB, m, n, mC_tma.shape,
                                           cols=cfg.scaling != "row")
                     # blockwise: scale_b of the first k-tile; each k-tile loads the next's,
                     # so its one global load lands under a whole k-tile
@@ -529,7 +529,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
                     # the scales this thread's values take, loaded under the last WGMMAs
                     # (row-wise: the rows' here, the tile's columns into shared memory)
                     self._load_scales(scales[0], scales[1], tCcC, offsets, mScaleA,
-                                      mScaleB, m, n, 0, mC_tma.shape,
+                                      mScaleB, m, n, mC_tma.shape,
                                       rows=end_scale == "values",
                                       cols=not cfg.stages_column_scales)
                 if cutlass.const_expr(cfg.stages_column_scales):
