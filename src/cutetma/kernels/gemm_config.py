@@ -249,16 +249,21 @@ class GemmConfig:
                 + self.stage_scale_bytes)
 
     @property
+    def stages_scale_a(self) -> bool:
+        """Blockwise FP8: the stages carry scale_a (``stage_scale_bytes``)."""
+        return self.scaling == "block"
+
+    @property
     def scale_a_align(self) -> int:
         """The byte alignment scale_a's base is declared with: 16 where the stages load it
         (TMA boxes, 16-byte cp.async), else 4."""
-        return 16 if self.stage_scale_bytes else 4
+        return 16 if self.stages_scale_a else 4
 
     @property
     def stage_scale_bytes(self) -> int:
         """Blockwise FP8: each stage carries its k-tile's scale_a of the tile's rows (fp32),
         loaded with A and B and counted by the same full barrier."""
-        return self.tile_m * 4 if self.scaling == "block" else 0
+        return self.tile_m * 4 if self.stages_scale_a else 0
 
     def epi_bytes(self, out_bytes: int, buffers: int | None = None) -> int:
         return self.tile_m * self.epi_n * out_bytes * (buffers or self.epi_buffers(out_bytes))
@@ -283,7 +288,7 @@ class GemmConfig:
 
         head = up(stages * 2 * 8 + 4 * 4, 1024)
         tail = max(self.scale_bytes(), 4)
-        tail = up(tail, 128) + stages * self.stage_scale_bytes if self.stage_scale_bytes \
+        tail = up(tail, 128) + stages * self.stage_scale_bytes if self.stages_scale_a \
             else tail + 4
         ab = self.stage_bytes() - self.stage_scale_bytes  # the stage's A and B
         return head + stages * ab + self.epi_bytes(out_bytes, buffers) + up(tail, 1024)

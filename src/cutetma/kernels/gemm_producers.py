@@ -148,7 +148,7 @@ class GemmProducers:
         if cutlass.const_expr(cfg.b_sharers > 1):
             b_share = b_mask
         loader = self.loader
-        scales = cfg.stage_scale_bytes > 0
+        scales = cfg.stages_scale_a
         tSsS, tSgS = None, None
         if cutlass.const_expr(scales):
             gS = cute.local_tile(mS_tma, (cfg.tile_m, 1), (None, None))
@@ -175,7 +175,7 @@ class GemmProducers:
         tidx, _, _ = cute.arch.thread_idx()
         a_part = cpa.partition_operand(mA, sA, tile_mk, tidx, WARPGROUP)
         b_part = cpa.partition_operand(mB, sB, tile_nk, tidx, WARPGROUP)
-        scales = cfg.stage_scale_bytes > 0
+        scales = cfg.stages_scale_a
         s_threads = cfg.tile_m // 4
         s_copy, tSgS, tSsS = None, None, None
         if cutlass.const_expr(scales):

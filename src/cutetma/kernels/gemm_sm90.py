@@ -172,7 +172,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         tma_c, mC_tma = tma.store_atom(mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile)
         # blockwise FP8: each k-tile's scale_a of the tile's rows, a box of M-major fp32
         tma_s, mS_tma = None, None
-        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+        if cutlass.const_expr(cfg.stages_scale_a):
             tma_s, mS_tma = tma.load_atom(mScaleA, cute.make_layout((cfg.tile_m, 1)),
                                           (cfg.tile_m, 1))
 
@@ -188,7 +188,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         # blockwise FP8's per-stage scale_a: 128-byte aligned for TMA; elsewhere one bare
         # word, so the 16-bit kernels' shared memory is what their stage count assumed
         stage_scales_type = cute.struct.MemRange[cutlass.Float32, 1]
-        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+        if cutlass.const_expr(cfg.stages_scale_a):
             stage_scales_type = cute.struct.Align[cute.struct.MemRange[
                 cutlass.Float32, cfg.stage_scale_bytes // 4 * stages], 128]
 
@@ -284,7 +284,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
             tma.prefetch(tma_a)
             tma.prefetch(tma_b)
             tma.prefetch(tma_c)
-            if cutlass.const_expr(cfg.stage_scale_bytes > 0 and cfg.load == "tma"):
+            if cutlass.const_expr(cfg.stages_scale_a and cfg.load == "tma"):
                 tma.prefetch(tma_s)
         if cutlass.const_expr(not cfg.pdl):
             # the first work unit's table entry: its round trip overlaps the barriers' set-up
@@ -300,7 +300,7 @@ class HopperGemm(GemmProducers, PartialSums, Fp8Scales):
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sS = None
-        if cutlass.const_expr(cfg.stage_scale_bytes > 0):
+        if cutlass.const_expr(cfg.stages_scale_a):
             sS = storage.sS.get_tensor(cute.make_layout((cfg.tile_m, 1, self.stages)))
 
         stage_bytes = cute.size_in_bytes(mA.element_type, cute.slice_(sA_layout, (None, None, 0)))
